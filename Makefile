@@ -1,0 +1,45 @@
+# Development entry points. `make demo` and `make test` create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On the project's CPU machines this takes the CPU build from local disk; elsewhere pip picks your platform's build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_WORKERS ?= 2
+# OpenMP threads that spin while waiting stall badly when processes share two cores.
+export OMP_WAIT_POLICY ?= PASSIVE
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+
+.PHONY: install demo test test-fast test-slow lint format
+
+$(VENV)/.installed: pyproject.toml setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,plots]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# The main job on the embedded default: build the tiny model families and show each one generating.
+demo: install
+	$(VENV)/bin/kinfolk env
+	$(PY) -m kinfolk.testing --out runs/tiny-kit
+
+# Everything CI runs: the fast suite, doctests and the slow end-to-end tests (real checkpoints excluded).
+test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not real"
+
+test-fast: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+test-slow: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

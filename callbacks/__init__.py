@@ -1,0 +1,1 @@
+"""`transformers.TrainerCallback`s that measure drift from the frozen model during training."""

@@ -1,0 +1,7 @@
+"""`python -m kinfolk ...` is the `kinfolk` console script (handy under `accelerate launch -m kinfolk`)."""
+
+import sys
+
+from kinfolk.cli import main
+
+sys.exit(main())
