@@ -162,13 +162,25 @@ class StreamedKMeans:
         return self.phase_index == len(self.phases) - 1
 
 
+def relative_to_centers(rows: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows and centres moved so the centres' mean is the origin.
+
+    Distances are computed as ‖x‖² − 2xᵀc + ‖c‖², whose float32 rounding grows with ‖x‖²: activations far from
+    the origin (large mean components are common in LLMs) would be assigned almost at random without this shift.
+    """
+    origin = centers.mean(0)
+    return rows - origin, centers - origin
+
+
 def squared_distances(rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     """(n, K) squared Euclidean distances, clamped at 0 against rounding."""
+    rows, centers = relative_to_centers(rows, centers)
     return (rows.pow(2).sum(1, keepdim=True) - 2 * rows @ centers.T + centers.pow(2).sum(1)).clamp_min(0)
 
 
 def nearest(rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     # argmin ‖x − c‖² = argmax (2 xᵀc − ‖c‖²): the ‖x‖² term does not change the winner.
+    rows, centers = relative_to_centers(rows, centers)
     return (2 * rows @ centers.T - centers.pow(2).sum(1)).argmax(1)
 
 

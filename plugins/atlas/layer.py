@@ -14,8 +14,8 @@ adapter. The atlas holds, for regions k = 1..K:
 
 Definitions, per token (these are kinfolk's choices where the paper's tables leave the formula open):
 
-- Soft routing: `w_k(h) = softmax_k(−‖h − μ_k‖² / τ)`, computed as `softmax_k((2 hᵀμ_k − ‖μ_k‖²) / τ)` (the
-  `‖h‖²` term cancels). `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting
+- Soft routing: `w_k(h) = softmax_k(−‖h − μ_k‖² / τ)`, computed as `softmax_k((2 h̃ᵀμ̃_k − ‖μ̃_k‖²) / τ)` with
+  h̃, μ̃ taken about the centres' mean (the `‖h̃‖²` term cancels). `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting
   tokens, the gap between each token's second-nearest and nearest centre: at temperature 1 a typical retained
   token weighs its own region e times more than the runner-up, whatever the activation scale.
 - Reference centre and centred state: `c(h) = Σ_k w_k(h) μ_k`, `x = h − c(h)`.
@@ -256,7 +256,13 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
 
 
 def route(h: torch.Tensor, centers: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Soft routing weights (n, K): softmax of −‖h − μ_k‖²/τ, without the ‖h‖² term that cancels."""
+    """Soft routing weights (n, K): softmax of −‖h − μ_k‖²/τ, without the ‖h‖² term that cancels.
+
+    Computed about the centres' mean m (−‖h − μ_k‖² = 2(h − m)ᵀ(μ_k − m) − ‖μ_k − m‖² + a term constant in k), which
+    keeps float32 logits accurate when activations sit far from the origin.
+    """
+    origin = centers.mean(0)
+    h, centers = h - origin, centers - origin
     logits = (2 * h @ centers.T - centers.pow(2).sum(-1)) / temperature
     return torch.softmax(logits, dim=-1)
 
