@@ -4,9 +4,11 @@ The data arrive as batches of row vectors, pass after pass (re-running a model e
 uniform sample of them is kept. `StreamedKMeans` is fed with `observe(rows)` and told `end_pass()`, and runs:
 
 1. a sampling pass: a uniform sample of `sample_size` rows (random-key reservoir) and the row count;
-2. k-means++ seeding on the sample (greedy, 2 + ln K candidates per centre, as scikit-learn does);
-3. `minibatch_epochs` passes of mini-batch k-means (each centre moves to the running mean of every row it has
-   been assigned, Sculley 2010);
+2. k-means++ seeding on the sample (greedy, 2 + ln K candidates per centre, as scikit-learn does), refined by
+   Lloyd iterations on the sample until no row changes region (at most `sample_iterations`);
+3. `minibatch_epochs` passes of mini-batch k-means over all rows (each centre moves to the running mean of the
+   rows it has been given, Sculley 2010; the counts start from the sample's, so the stream refines the sample's
+   solution rather than restarting it);
 4. `lloyd_passes` exact Lloyd iterations, accumulated per region as shifted sums (rows minus their current centre)
    so float32 sums stay accurate; the last one also accumulates each region's scatter matrix, giving the
    covariance about the region's final mean.
@@ -41,6 +43,8 @@ class StreamedKMeans:
         minibatch_epochs: int = 1,
         lloyd_passes: int = 1,
         sample_size: int = 16384,
+        sample_iterations: int = 50,
+        seed_rows: int = 8192,
         batch_rows: int = 4096,
         covariance: bool = True,
         seed: int = 0,
@@ -52,6 +56,8 @@ class StreamedKMeans:
             raise ValueError("the covariances come from a Lloyd pass: lloyd_passes must be >= 1")
         self.k = num_regions
         self.sample_size = max(sample_size, num_regions)
+        self.sample_iterations = sample_iterations
+        self.seed_rows = seed_rows
         self.batch_rows = batch_rows
         self.covariance = covariance
         self.device = torch.device(device) if device is not None else None
@@ -60,7 +66,8 @@ class StreamedKMeans:
         self.phase_index = 0
         self.rows_seen = 0
         self.sample: torch.Tensor | None = None
-        self._sample_keys: torch.Tensor | None = None
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pending_rows = 0
         self.centers: torch.Tensor | None = None
         self.counts: torch.Tensor | None = None
         self.covariances: torch.Tensor | None = None
@@ -96,26 +103,39 @@ class StreamedKMeans:
 
     def end_pass(self) -> None:
         if self.phase == "sample":
+            self._compact_sample()
+            self._pending = []
             if self.rows_seen < self.k:
                 raise ValueError(
                     f"k-means into {self.k} regions needs at least {self.k} rows; the data gave {self.rows_seen}"
                 )
-            self.centers = kmeans_plus_plus(self.sample, self.k, self.generator)
-            self.counts = torch.zeros(self.k, dtype=torch.float64, device=self.centers.device)
+            # k-means++ on a random part of the sample (as scikit-learn's MiniBatchKMeans seeds on `init_size`
+            # rows); the Lloyd iterations on the whole sample then refine the seeds.
+            pick = torch.randperm(self.sample.shape[0], generator=self.generator)[: max(self.seed_rows, self.k)]
+            seeding = self.sample[pick.to(self.sample.device)]
+            seeds = kmeans_plus_plus(seeding, self.k, self.generator)
+            self.centers, labels = lloyd(self.sample, seeds, self.sample_iterations)
+            self.counts = torch.bincount(labels, minlength=self.k).to(torch.float64)
         elif self.phase == "lloyd":
             self._finish_lloyd()
         self.phase_index += 1
 
     def _observe_sample(self, rows: torch.Tensor) -> None:
+        # Reservoir by random keys: keep the rows with the largest keys, compacting only when twice over size.
         self.rows_seen += rows.shape[0]
-        keys = torch.rand(rows.shape[0], generator=self.generator).to(rows.device)
-        if self.sample is not None:
-            rows = torch.cat([self.sample, rows])
-            keys = torch.cat([self._sample_keys, keys])
+        self._pending.append((rows, torch.rand(rows.shape[0], generator=self.generator).to(rows.device)))
+        self._pending_rows += rows.shape[0]
+        if self._pending_rows > 2 * self.sample_size:
+            self._compact_sample()
+
+    def _compact_sample(self) -> None:
+        rows = torch.cat([chunk for chunk, _ in self._pending])
+        keys = torch.cat([chunk_keys for _, chunk_keys in self._pending])
         if rows.shape[0] > self.sample_size:
             keys, keep = keys.topk(self.sample_size)
             rows = rows[keep]
-        self.sample, self._sample_keys = rows, keys
+        self._pending, self._pending_rows = [(rows, keys)], rows.shape[0]
+        self.sample = rows
 
     def _observe_minibatch(self, rows: torch.Tensor) -> None:
         labels = nearest(rows, self.centers)
@@ -137,7 +157,8 @@ class StreamedKMeans:
         labels = nearest(rows, self.centers)
         shifted = rows - self.centers[labels]
         self.counts += torch.bincount(labels, minlength=self.k).to(torch.float64)
-        self._sums.index_add_(0, labels, shifted.to(torch.float64))
+        # per-chunk sums in float32 (rows minus their centre are small), accumulated across chunks in float64
+        self._sums += torch.zeros_like(self.centers).index_add_(0, labels, shifted).double()
         if self._scatter is not None:
             for region in labels.unique().tolist():
                 part = shifted[labels == region]
@@ -162,35 +183,83 @@ class StreamedKMeans:
         return self.phase_index == len(self.phases) - 1
 
 
-def relative_to_centers(rows: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows and centres moved so the centres' mean is the origin.
+def _shifted(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centres' mean m and the centres about it.
 
-    Distances are computed as ‖x‖² − 2xᵀc + ‖c‖², whose float32 rounding grows with ‖x‖²: activations far from
-    the origin (large mean components are common in LLMs) would be assigned almost at random without this shift.
+    Distances expand as ‖x‖² − 2xᵀc + ‖c‖², whose float32 rounding grows with the magnitudes involved: with the
+    centres taken about their mean, activations far from the origin (large mean components are common in LLMs)
+    are still assigned correctly, and no shifted copy of the rows is needed.
     """
     origin = centers.mean(0)
-    return rows - origin, centers - origin
+    return origin, centers - origin
 
 
 def squared_distances(rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     """(n, K) squared Euclidean distances, clamped at 0 against rounding."""
-    rows, centers = relative_to_centers(rows, centers)
-    return (rows.pow(2).sum(1, keepdim=True) - 2 * rows @ centers.T + centers.pow(2).sum(1)).clamp_min(0)
+    origin, shifted = _shifted(centers)
+    rows = rows - origin
+    return torch.addmm(rows.pow(2).sum(1, keepdim=True) + shifted.pow(2).sum(1), rows, shifted.T, alpha=-2).clamp_min(
+        0
+    )
 
 
 def nearest(rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
-    # argmin ‖x − c‖² = argmax (2 xᵀc − ‖c‖²): the ‖x‖² term does not change the winner.
-    rows, centers = relative_to_centers(rows, centers)
-    return (2 * rows @ centers.T - centers.pow(2).sum(1)).argmax(1)
+    """Index of each row's nearest centre."""
+    return _assign(rows, centers)[0]
+
+
+def _assign(rows: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest-centre labels and the winning scores 2xᵀs_k − (2m + s_k)ᵀs_k, which equal ‖x − m‖² − ‖x − c_k‖²
+    (m the centres' mean, s_k = c_k − m), from one (n, d) × (d, K) product."""
+    origin, shifted = _shifted(centers)
+    scores = torch.addmm(((2 * origin + shifted) * shifted).sum(1), rows, shifted.T, beta=-1, alpha=2)
+    best, labels = scores.max(1)
+    return labels, best
+
+
+def lloyd(
+    rows: torch.Tensor, centers: torch.Tensor, iterations: int, tolerance: float = 1e-3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd iterations on in-memory rows; returns the centres and their labels.
+
+    Stops after `iterations`, when no row changes region, or when the inertia improves by less than `tolerance`
+    (relative) in an iteration. A region left empty keeps its centre.
+    """
+    # Σ‖x − m‖² for any m from sums about a fixed reference r near the data: accurate in float32 far from the origin.
+    reference = centers.mean(0)
+    about_reference = rows - reference
+    n = rows.shape[0]
+    square_sum = float(torch.linalg.vector_norm(about_reference, dim=1).pow(2).double().sum())
+    row_sum = about_reference.sum(0).double()
+    del about_reference
+
+    def current_inertia(centers, best):
+        # Σ‖x − c‖² = Σ‖x − m‖² − Σ best (see `_assign`)
+        offset = (centers.mean(0) - reference).double()
+        to_origin = square_sum - 2 * float(offset @ row_sum) + n * float(offset @ offset)
+        return to_origin - float(best.double().sum())
+
+    labels, best = _assign(rows, centers)
+    previous = current_inertia(centers, best)
+    for _ in range(iterations):
+        counts = torch.bincount(labels, minlength=centers.shape[0]).to(rows.dtype)
+        sums = torch.zeros_like(centers).index_add_(0, labels, rows)
+        filled = counts > 0
+        centers = centers.clone()
+        centers[filled] = sums[filled] / counts[filled].unsqueeze(1)
+        new_labels, best = _assign(rows, centers)
+        current = current_inertia(centers, best)
+        if torch.equal(new_labels, labels) or previous - current <= tolerance * previous:
+            return centers, new_labels
+        labels, previous = new_labels, current
+    return centers, labels
 
 
 def inertia(rows: torch.Tensor, centers: torch.Tensor, batch_rows: int = 8192) -> float:
-    """Sum over rows of the squared distance to the nearest centre (scikit-learn's `inertia_`)."""
+    """Sum over rows of the squared distance to the nearest centre (scikit-learn's `inertia_`), in float64."""
+    centers = centers.double()
     return float(
-        sum(
-            squared_distances(chunk.float(), centers.float()).min(1).values.double().sum()
-            for chunk in rows.split(batch_rows)
-        )
+        sum(squared_distances(chunk.double(), centers).min(1).values.sum() for chunk in rows.split(batch_rows))
     )
 
 
@@ -198,20 +267,25 @@ def kmeans_plus_plus(rows: torch.Tensor, k: int, generator: torch.Generator) -> 
     """Greedy k-means++ seeds: each new centre is the best of 2 + ln k candidates drawn ∝ D², by potential."""
     n = rows.shape[0]
     trials = 2 + int(math.log(k))
-    first = int(torch.randint(n, (1,), generator=generator))
-    centers = [rows[first]]
-    closest = squared_distances(rows, rows[first : first + 1]).squeeze(1)
+    x = rows - rows.mean(0)
+    norms = torch.linalg.vector_norm(x, dim=1).pow(2)
+
+    def distances_to(indices: torch.Tensor) -> torch.Tensor:  # (len(indices), n)
+        candidates = x[indices]
+        return torch.addmm(norms.unsqueeze(1) + candidates.pow(2).sum(1), x, candidates.T, alpha=-2).clamp_min(0).T
+
+    chosen = [int(torch.randint(n, (1,), generator=generator))]
+    closest = distances_to(torch.tensor(chosen, device=rows.device))[0]
     for _ in range(1, k):
-        total = closest.sum()
-        if total <= 0:  # fewer distinct rows than centres: duplicates are the only choice left
+        potential = closest.double().cumsum(0).cpu()
+        if potential[-1] <= 0:  # fewer distinct rows than centres: duplicates are the only choice left
             candidates = torch.randint(n, (trials,), generator=generator)
         else:
-            candidates = torch.multinomial(
-                closest.cpu().double() / float(total), trials, replacement=True, generator=generator
-            )
+            draws = torch.rand(trials, generator=generator, dtype=torch.float64) * potential[-1]
+            candidates = torch.searchsorted(potential, draws).clamp_max(n - 1)
         candidates = candidates.to(rows.device)
-        candidate_closest = torch.minimum(closest.unsqueeze(0), squared_distances(rows, rows[candidates]).T)
+        candidate_closest = torch.minimum(closest.unsqueeze(0), distances_to(candidates))
         best = int(candidate_closest.sum(1).argmin())
         closest = candidate_closest[best]
-        centers.append(rows[candidates[best]])
-    return torch.stack(centers).clone()
+        chosen.append(int(candidates[best]))
+    return rows[chosen].clone()

@@ -14,8 +14,8 @@ adapter. The atlas holds, for regions k = 1..K:
 
 Definitions, per token (these are kinfolk's choices where the paper's tables leave the formula open):
 
-- Soft routing: `w_k(h) = softmax_k(−‖h − μ_k‖² / τ)`, computed as `softmax_k((2 h̃ᵀμ̃_k − ‖μ̃_k‖²) / τ)` with
-  h̃, μ̃ taken about the centres' mean (the `‖h̃‖²` term cancels). `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting
+- Soft routing: `w_k(h) = softmax_k(−‖h − μ_k‖² / τ)` (computed without the `‖h‖²` term, which cancels, and with
+  the centres taken about their mean for float32 accuracy). `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting
   tokens, the gap between each token's second-nearest and nearest centre: at temperature 1 a typical retained
   token weighs its own region e times more than the runner-up, whatever the activation scale.
 - Reference centre and centred state: `c(h) = Σ_k w_k(h) μ_k`, `x = h − c(h)`.
@@ -243,12 +243,12 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
         scale = torch.tanh(x.pow(2).sum(-1, keepdim=True) / atlas["calibration"][1])
         return scale * (torch.tanh(x @ A.T) @ B.T)
     in_basis, in_gamma = atlas["in_basis"], attenuation(atlas["in_spectrum"])
-    coords = torch.einsum("nd,kpd->nkp", x, in_basis)
+    coords = coordinates(x, in_basis)
     energy = x.pow(2).sum(-1, keepdim=True)
-    removed = (weights.unsqueeze(-1) * in_gamma * coords.pow(2)).sum((-2, -1)).unsqueeze(-1)
-    rho = (1 - removed / (energy + _EPS)).clamp(0.0, 1.0)
+    weighted = weights.unsqueeze(-1) * in_gamma * coords  # w_k γ_kj (u_kjᵀx)
+    rho = (1 - (weighted * coords).sum((-2, -1)).unsqueeze(-1) / (energy + _EPS)).clamp(0.0, 1.0)
     if variant in ("input_filter", "atlas"):
-        x = filter_directions(x, weights, in_basis, in_gamma, coords)
+        x = x - weighted.flatten(1) @ in_basis.flatten(0, 1)
     update = torch.tanh(x @ A.T) @ B.T
     if variant in ("output_filter", "atlas"):
         update = filter_directions(update, weights, atlas["out_basis"], attenuation(atlas["out_spectrum"]))
@@ -256,14 +256,14 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
 
 
 def route(h: torch.Tensor, centers: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Soft routing weights (n, K): softmax of −‖h − μ_k‖²/τ, without the ‖h‖² term that cancels.
+    """Soft routing weights (n, K): softmax of −‖h − μ_k‖²/τ.
 
-    Computed about the centres' mean m (−‖h − μ_k‖² = 2(h − m)ᵀ(μ_k − m) − ‖μ_k − m‖² + a term constant in k), which
-    keeps float32 logits accurate when activations sit far from the origin.
+    With m the centres' mean and s_k = μ_k − m, −‖h − μ_k‖² = 2hᵀs_k − (2m + s_k)ᵀs_k + a term constant in k, which
+    cancels in the softmax; taking the centres about m keeps float32 logits accurate far from the origin.
     """
     origin = centers.mean(0)
-    h, centers = h - origin, centers - origin
-    logits = (2 * h @ centers.T - centers.pow(2).sum(-1)) / temperature
+    shifted = centers - origin
+    logits = torch.addmm(((2 * origin + shifted) * shifted).sum(-1), h, shifted.T, beta=-1, alpha=2) / temperature
     return torch.softmax(logits, dim=-1)
 
 
@@ -273,17 +273,17 @@ def attenuation(spectrum: torch.Tensor) -> torch.Tensor:
     return variances / (variances + floor).clamp_min(torch.finfo(spectrum.dtype).tiny)
 
 
+def coordinates(v: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """(n, K, p) coordinates of rows `v` along each region's directions `basis` (K, p, d): one matrix product."""
+    return (v @ basis.flatten(0, 1).T).unflatten(-1, basis.shape[:2])
+
+
 def filter_directions(
-    v: torch.Tensor,
-    weights: torch.Tensor,
-    basis: torch.Tensor,
-    gamma: torch.Tensor,
-    coords: torch.Tensor | None = None,
+    v: torch.Tensor, weights: torch.Tensor, basis: torch.Tensor, gamma: torch.Tensor
 ) -> torch.Tensor:
-    """`(I − Σ_k w_k Bᵀ_k diag(γ_k) B_k) v` for each row of `v`; `coords` are `v`'s (n, K, p) coordinates if known."""
-    if coords is None:
-        coords = torch.einsum("nd,kpd->nkp", v, basis)
-    return v - torch.einsum("nkp,kpd->nd", weights.unsqueeze(-1) * gamma * coords, basis)
+    """`(I − Σ_k w_k Bᵀ_k diag(γ_k) B_k) v` for each row of `v`."""
+    weighted = weights.unsqueeze(-1) * gamma * coordinates(v, basis)
+    return v - weighted.flatten(1) @ basis.flatten(0, 1)
 
 
 def _random_orthonormal_rows(shape: torch.Size) -> torch.Tensor:
