@@ -13,10 +13,13 @@ Positions follow TRL's label convention: `values[:, t]` compares the distributio
 `labels[:, t + 1]`, and only positions whose next label is not -100 count (pass `labels=input_ids` with padding
 set to -100 for "all tokens").
 
-The frozen side comes from one of three sources:
+The frozen side comes from one of four sources:
 
 - `DisabledAdapter()`: the same PEFT model under `model.disable_adapter()` — no second copy of the weights.
 - `ReferenceModel(model)`: a separate frozen model with the same vocabulary (full fine-tuning).
+- `HiddenStateCache.build(...)`: the frozen model's last hidden states over a fixed set of batches, computed
+  once (from the disabled adapter, the model before training, or a reference model): exact for any vocabulary,
+  and a measurement then costs one forward pass plus the head kernel. The default for measuring drift.
 - `FrozenCache.build(...)`: frozen log-probs computed once over a fixed set of batches. Exact when `top_k` is
   None (sensible for small vocabularies: it stores every position × vocab). With `top_k` it keeps the k most
   likely tokens plus the tail mass r, and the forward KL it returns is that of the coarsened distributions
@@ -36,17 +39,21 @@ The frozen side comes from one of three sources:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.atomic import atomic_file
 from kinfolk.tokens import IGNORE_INDEX
@@ -292,13 +299,159 @@ def _cache_entry_divergence(
     return values, bound.detach()
 
 
-class FrozenCache(FrozenSource):
+def _frozen_hidden(model: nn.Module, batches, disable_adapter: bool = False):
+    """(key, scored hidden states) for each batch, without gradients, optionally with the adapters switched off."""
+    with torch.no_grad(), model.disable_adapter() if disable_adapter else contextlib.nullcontext():
+        for batch in batches:
+            input_ids, attention_mask, labels = batch["input_ids"], batch.get("attention_mask"), batch["labels"]
+            mask = labels[:, 1:] != IGNORE_INDEX
+            hidden = last_hidden_states(model, input_ids, attention_mask)
+            yield batch_key(input_ids, mask), _scored(hidden, mask.to(hidden.device))
+
+
+class _BatchCache(FrozenSource):
+    """Frozen data per batch, found again by a hash of the batch's tokens and scored positions."""
+
+    def __init__(self, entries: dict[str, dict[str, torch.Tensor]] | None = None):
+        self.entries = entries or {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _lookup(self, input_ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        key = batch_key(input_ids, mask)
+        if key not in self.entries:
+            raise KeyError(
+                f"batch {key} (shape {tuple(input_ids.shape)}) is not in the frozen cache of {len(self)} batches; "
+                "a cache only covers the exact batches it was built from"
+            )
+        return self.entries[key]
+
+    def _metadata(self) -> dict[str, str]:
+        return {}
+
+    def save(self, path: str | Path) -> Path:
+        """One safetensors file, written atomically; `type(self).load(path)` reads it back."""
+        tensors = {
+            f"{key}.{name}": tensor.contiguous()
+            for key, entry in self.entries.items()
+            for name, tensor in entry.items()
+        }
+        with atomic_file(path, mode="wb", encoding=None) as handle:
+            handle.write(save_safetensors(tensors, metadata={"kind": type(self).__name__, **self._metadata()}))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        if metadata.get("kind") != cls.__name__:
+            raise ValueError(f"{path} holds a {metadata.get('kind', 'unknown')} cache, not a {cls.__name__}")
+        entries: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in load_safetensors(Path(path).read_bytes()).items():
+            key, field = name.split(".", 1)
+            entries.setdefault(key, {})[field] = tensor
+        return cls._from_saved(entries, metadata)
+
+    @classmethod
+    def _from_saved(cls, entries, metadata):
+        raise NotImplementedError
+
+
+class HiddenStateCache(_BatchCache):
+    """The frozen model's last hidden states at the scored positions, computed once: exact for any vocabulary.
+
+    Each later measurement then costs one forward of the current model plus the chunked head kernel, instead of
+    two forwards. Memory: (scored tokens × hidden size) in the model's dtype, on `device`. Build it from the
+    model before training (`disable_adapter=True` for a PEFT model: no second copy) or from a reference model.
+    When the head can change (full fine-tuning), a copy of it is kept as the frozen head; a frozen head (PEFT)
+    is read from the model at each use.
+    """
+
+    HEAD = "frozen_head"  # entry name of the head copy; batch keys are hex digests, so it cannot clash
+
+    def __init__(self, entries=None, head: OutputHead | None = None):
+        super().__init__(entries)
+        self.head = head
+
+    @classmethod
+    def build(
+        cls,
+        model: nn.Module,
+        batches,
+        disable_adapter: bool = False,
+        copy_head: bool | None = None,
+        device: str | torch.device = "cpu",
+    ) -> HiddenStateCache:
+        """`copy_head=None` copies the head only when any of its parameters is trainable."""
+        entries = {
+            key: {"hidden": hidden.to(device)} for key, hidden in _frozen_hidden(model, batches, disable_adapter)
+        }
+        head = OutputHead.of(model)
+        trainable = head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad)
+        if copy_head or (copy_head is None and trainable):
+            with maybe_gather_lm_head_ctx(head.weight, head.bias):
+                head = dataclasses.replace(
+                    head,
+                    weight=head.weight.detach().clone(),
+                    bias=None if head.bias is None else head.bias.detach().clone(),
+                )
+            return cls(entries, head)
+        return cls(entries)
+
+    def divergence(
+        self, model, current_hidden, input_ids, attention_mask, mask, kind, beta, temperature, forward_kwargs
+    ):
+        frozen_hidden = self._lookup(input_ids, mask)["hidden"].to(current_hidden.device, non_blocking=True)
+        current_head = OutputHead.of(model)
+        if self.head is not None and self.head.weight.device != current_head.weight.device:
+            self.head = dataclasses.replace(
+                self.head,
+                weight=self.head.weight.to(current_head.weight.device),
+                bias=None if self.head.bias is None else self.head.bias.to(current_head.weight.device),
+            )
+        frozen_head = self.head or current_head
+        return chunked_divergence(
+            current_hidden, current_head, frozen_hidden, frozen_head, kind, beta, temperature
+        ), None
+
+    def save(self, path: str | Path) -> Path:
+        if self.head is not None:
+            head = {"weight": self.head.weight.cpu()}
+            if self.head.bias is not None:
+                head["bias"] = self.head.bias.cpu()
+            self.entries[self.HEAD] = head
+        try:
+            return super().save(path)
+        finally:
+            self.entries.pop(self.HEAD, None)
+
+    def _metadata(self):
+        if self.head is None:
+            return {}
+        return {
+            "scale": repr(self.head.scale),
+            "softcap": "" if self.head.softcap is None else repr(self.head.softcap),
+        }
+
+    @classmethod
+    def _from_saved(cls, entries, metadata):
+        saved = entries.pop(cls.HEAD, None)
+        if saved is None:
+            return cls(entries)
+        softcap = metadata.get("softcap", "")
+        head = OutputHead(
+            saved["weight"], saved.get("bias"), float(metadata["scale"]), float(softcap) if softcap else None
+        )
+        return cls(entries, head)
+
+
+class FrozenCache(_BatchCache):
     """Frozen log-probs computed once per batch, for full fine-tuning without a second model in memory.
 
     `top_k=None` stores every position × vocab log-prob (exact; all three divergences). With `top_k` it stores
     the k largest log-probs, their token ids and the log tail mass; only `"forward_kl"` is available then, and
     `TokenDivergence.upper_bound` gives the bound on what the tail can add (see the module docstring).
-    Batches are found again by a hash of their tokens and scored positions.
     """
 
     def __init__(
@@ -307,12 +460,9 @@ class FrozenCache(FrozenSource):
         top_k: int | None = None,
         temperature: float = 1.0,
     ):
-        self.entries = entries or {}
+        super().__init__(entries)
         self.top_k = top_k
         self.temperature = temperature
-
-    def __len__(self) -> int:
-        return len(self.entries)
 
     @classmethod
     def build(
@@ -321,26 +471,22 @@ class FrozenCache(FrozenSource):
         batches,
         top_k: int | None = None,
         temperature: float = 1.0,
+        disable_adapter: bool = False,
         token_chunk_size: int = DEFAULT_TOKEN_CHUNK,
     ) -> FrozenCache:
         """Run `model` (frozen, no gradients) over `batches` of dicts with input_ids, attention_mask, labels."""
         cache = cls(top_k=top_k, temperature=temperature)
         head = OutputHead.of(model)
-        with torch.no_grad():
-            for batch in batches:
-                input_ids, attention_mask, labels = batch["input_ids"], batch.get("attention_mask"), batch["labels"]
-                mask = labels[:, 1:] != IGNORE_INDEX
-                hidden = _scored(last_hidden_states(model, input_ids, attention_mask), mask)
-                # At least one (possibly empty) chunk, so an all-masked batch still gets an entry of the right shape.
+        for key, hidden in _frozen_hidden(model, batches, disable_adapter):
+            # At least one (possibly empty) chunk, so an all-masked batch still gets an entry of the right shape.
+            with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
                 parts = [
                     cache._entry(
                         torch.log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature), -1)
                     )
                     for start in range(0, max(hidden.shape[0], 1), token_chunk_size)
                 ]
-                cache.entries[batch_key(input_ids, mask)] = {
-                    name: torch.cat([part[name] for part in parts]) for name in parts[0]
-                }
+            cache.entries[key] = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
         return cache
 
     def _entry(self, log_p: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -359,25 +505,20 @@ class FrozenCache(FrozenSource):
     def divergence(
         self, model, current_hidden, input_ids, attention_mask, mask, kind, beta, temperature, forward_kwargs
     ):
-        key = batch_key(input_ids, mask)
-        if key not in self.entries:
-            raise KeyError(
-                f"batch {key} (shape {tuple(input_ids.shape)}) is not in the frozen cache of {len(self)} batches; "
-                "the cache only covers the exact batches it was built from"
-            )
+        entry = self._lookup(input_ids, mask)
         if temperature != self.temperature:
             raise ValueError(f"the frozen cache was built at temperature {self.temperature}, not {temperature}")
         if self.top_k is not None and kind != "forward_kl":
             raise ValueError(f"a top-k frozen cache supports forward_kl only, not {kind!r}; build it with top_k=None")
         beta = _beta(kind, beta)
-        entry = self.entries[key]
         head = OutputHead.of(model)
         values, bounds = [], []
         for start in range(0, current_hidden.shape[0], DEFAULT_TOKEN_CHUNK):
             piece = {name: tensor[start : start + DEFAULT_TOKEN_CHUNK] for name, tensor in entry.items()}
 
             def run(hidden, piece=piece):
-                return _cache_entry_divergence(hidden, head, piece, kind, beta, temperature)
+                with maybe_gather_lm_head_ctx(head.weight, head.bias):
+                    return _cache_entry_divergence(hidden, head, piece, kind, beta, temperature)
 
             chunk = current_hidden[start : start + DEFAULT_TOKEN_CHUNK]
             # Recompute the chunk's logits in backward rather than keeping every chunk's (tokens × vocab) alive.
@@ -389,29 +530,12 @@ class FrozenCache(FrozenSource):
             return empty, (empty.detach() if self.top_k is not None else None)
         return torch.cat(values), (torch.cat(bounds) if self.top_k is not None else None)
 
-    def save(self, path: str | Path) -> Path:
-        """One safetensors file, written atomically; `FrozenCache.load(path)` reads it back."""
-        tensors = {
-            f"{key}.{name}": tensor.contiguous()
-            for key, entry in self.entries.items()
-            for name, tensor in entry.items()
-        }
-        metadata = {"top_k": "" if self.top_k is None else str(self.top_k), "temperature": repr(self.temperature)}
-        with atomic_file(path, mode="wb", encoding=None) as handle:
-            handle.write(save_safetensors(tensors, metadata=metadata))
-        return Path(path)
+    def _metadata(self):
+        return {"top_k": "" if self.top_k is None else str(self.top_k), "temperature": repr(self.temperature)}
 
     @classmethod
-    def load(cls, path: str | Path) -> FrozenCache:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
+    def _from_saved(cls, entries, metadata):
         top_k = metadata.get("top_k", "")
-        entries: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in load_safetensors(Path(path).read_bytes()).items():
-            key, field = name.split(".", 1)
-            entries.setdefault(key, {})[field] = tensor
         return cls(entries, int(top_k) if top_k else None, float(metadata.get("temperature", "1.0")))
 
 

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from kinfolk.divergence import (
     DisabledAdapter,
     FrozenCache,
+    HiddenStateCache,
     OutputHead,
     ReferenceModel,
     chunked_divergence,
@@ -336,3 +337,42 @@ def test_bf16_models_agree_with_their_own_logits():
         )
     assert result.values.dtype == torch.float32
     torch.testing.assert_close(result.values[mask], expected[mask], rtol=0.1, atol=1e-3)
+
+
+def test_hidden_state_cache_from_disabled_adapter_is_exact(tmp_path):
+    model = lora(tiny("gemma2"))
+    input_ids, attention_mask, labels = batch()
+    rows = [{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}]
+    cache = HiddenStateCache.build(model, rows, disable_adapter=True)
+    assert cache.head is None  # the PEFT head is frozen: read live, never copied
+    cache = HiddenStateCache.load(cache.save(tmp_path / "hidden.safetensors"))
+    from_cache = token_divergence(model, input_ids, attention_mask, labels, cache)
+    live = token_divergence(model, input_ids, attention_mask, labels, DisabledAdapter())
+    torch.testing.assert_close(from_cache.values, live.values)
+    assert live.values.max() > 0
+    from_cache.mean().backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    live.mean().backward()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(ours[name], p.grad, msg=name)
+
+
+def test_hidden_state_cache_keeps_the_frozen_head_under_full_fine_tuning(tmp_path):
+    model = tiny("qwen2")  # tied embeddings: training the embedding moves the head too
+    frozen_copy = perturbed_copy(model, scale=0.0)
+    input_ids, attention_mask, labels = batch()
+    rows = [{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}]
+    cache = HiddenStateCache.build(model, rows)
+    assert cache.head is not None
+    cache = HiddenStateCache.load(cache.save(tmp_path / "hidden.safetensors"))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+        from_cache = token_divergence(model, input_ids, attention_mask, labels, cache)
+        expected = token_divergence(model, input_ids, attention_mask, labels, ReferenceModel(frozen_copy))
+    torch.testing.assert_close(from_cache.values, expected.values)
+    assert expected.values.max() > 0
+    with pytest.raises(ValueError, match="not a FrozenCache"):
+        FrozenCache.load(tmp_path / "hidden.safetensors")
