@@ -22,6 +22,7 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "sft": ("kinfolk.trainers.sft_cli", "`trl sft` with WeightedSFTTrainer: per-example weights, prompt loss weight"),
 }
 
 
