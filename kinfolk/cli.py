@@ -22,6 +22,10 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "score": (
+        "kinfolk.trainers.atlantis.cli",
+        "ATLANTIS: score an SFT dataset with three models, add a weight column",
+    ),
 }
 
 
