@@ -34,7 +34,8 @@ def fit_generalized_pareto(excesses: np.ndarray) -> tuple[float, float]:
     shapes = np.log1p(-grid[:, None] * x).mean(axis=1)
     profile = n * (np.log(-grid / shapes) - shapes - 1.0)
     # posterior weight of each grid point, computed as 1 / Σ exp(profile_j - profile_i) to avoid overflow
-    posterior = 1.0 / np.exp(profile[None, :] - profile[:, None]).sum(axis=1)
+    with np.errstate(over="ignore"):  # an overflowing term only means that grid point has negligible weight
+        posterior = 1.0 / np.exp(profile[None, :] - profile[:, None]).sum(axis=1)
     keep = posterior >= 10 * np.finfo(np.float64).eps
     posterior, grid = posterior[keep], grid[keep]
     b = float(np.sum(grid * posterior) / posterior.sum())
@@ -75,7 +76,7 @@ def pareto_smooth(log_weights: np.ndarray) -> tuple[np.ndarray, float]:
         return log_weights.copy(), float("nan")
     excesses = np.maximum(excesses, np.finfo(np.float64).tiny)
     k, sigma = fit_generalized_pareto(excesses)
-    smoothed = shifted.copy()
+    smoothed = log_weights.copy()
     expected = generalized_pareto_quantile((np.arange(m) + 0.5) / m, k, sigma)
-    smoothed[tail] = np.minimum(np.log(expected + np.exp(cutoff)), 0.0)
-    return smoothed + shift, k
+    smoothed[tail] = np.minimum(np.log(expected + np.exp(cutoff)), 0.0) + shift
+    return smoothed, k

@@ -282,7 +282,7 @@ def _score_chunks(
                 progress.update(int(lengths[rows].sum()))
             rows_array, sums_array = np.asarray(rows_done, dtype=np.int64), np.concatenate(sums_done)
             if cache is not None:
-                cache.write(chunk, rows=rows_array, logprob=sums_array)
+                cache.write(chunk, rows=rows_array, logprob=sums_array, process=np.int64(state.process_index))
             results.append((rows_array, sums_array))
             if after_chunk is not None:
                 after_chunk(chunk)

@@ -14,6 +14,7 @@ thousands of nats never overflow. See `config.py` for the default and why.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from kinfolk.trainers.atlantis.config import (
     tokens_column,
 )
 from kinfolk.trainers.atlantis.pareto import pareto_smooth
+
+logger = logging.getLogger(__name__)
 
 
 def log_mean_exp(values: np.ndarray) -> float:
@@ -115,6 +118,13 @@ def weights_from_scores(scored: Dataset, config: WeightConfig) -> WeightResult:
     tokens = None
     if config.normalization == "token":
         tokens = {role: np.asarray(table[tokens_column(role)]) for role in config.roles}
+        counts = list(tokens.values())
+        if any(not np.array_equal(counts[0], other) for other in counts[1:]):
+            logger.warning(
+                "the models of formula %r tokenise the responses differently; per-token scores of different "
+                "tokenizers are not comparable, use normalization='byte'",
+                config.formula,
+            )
     response_bytes = np.asarray(table[RESPONSE_BYTES_COLUMN]) if config.normalization == "byte" else None
     log_scores = combine_log_probs(log_probs, tokens, response_bytes, config.formula, config.normalization)
     scored_rows = np.isfinite(log_scores)
