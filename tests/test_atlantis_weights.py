@@ -139,7 +139,7 @@ def test_missing_score_columns_are_named():
 
 
 def test_unknown_option_is_refused_with_the_valid_ones():
-    with pytest.raises(TypeError, match="unknown WeightConfig option.*'temprature'.*valid options"):
+    with pytest.raises(TypeError, match=r"unknown WeightConfig option.*'temprature'.*valid options"):
         compute_weights(scored_dataset(), temprature=2.0)
     with pytest.raises(ValueError, match="clip_quantiles"):
         WeightConfig(clip_quantiles=[0.9, 0.1])
