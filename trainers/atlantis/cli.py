@@ -3,6 +3,7 @@
     kinfolk score --data train.jsonl --large-base Qwen2-7B --small-base Qwen2-1.5B \\
         --reference Qwen2-1.5B-Instruct --out scored/ [--formula ratio --normalization byte ...]
     accelerate launch --num_processes 8 -m kinfolk score ...     # same result, rows split across processes
+    accelerate launch --multi_gpu --num_processes 2 -m kinfolk score ...   # CPU-only host (gloo); or torchrun
     kinfolk score --data scored/ --out reweighted/ --formula influence   # new weights, no forward pass
 
 `--out` is a `datasets` directory (`load_from_disk`) holding the original columns, the scores and the weights,
@@ -16,7 +17,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelerate import PartialState
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from trl import TrlParser
 
@@ -25,7 +25,7 @@ from kinfolk.tokens import DatasetFormatError
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
 from kinfolk.trainers.atlantis.pipeline import score_dataset
-from kinfolk.trainers.atlantis.scoring import ScoringError
+from kinfolk.trainers.atlantis.scoring import ScoringError, process_state
 from kinfolk.trainers.atlantis.weights import compute_weights, weights_from_scores
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -63,7 +63,7 @@ def load_data(path: str, split: str = "train") -> Dataset:
 
 
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
-    state = PartialState()
+    state = process_state()
     check_destination(args.out, args.overwrite)
     with state.main_process_first():
         dataset = load_data(args.data, args.split)

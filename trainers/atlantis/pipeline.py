@@ -35,7 +35,7 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, score_model, text_columns
+from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, process_state, score_model, text_columns
 from kinfolk.trainers.atlantis.selection import ifd_scores, response_only_dataset, select_top_fraction
 from kinfolk.trainers.atlantis.weights import compute_weights
 
@@ -103,7 +103,7 @@ def score_dataset(
     `accelerate launch` every process returns the same dataset.
     """
     config = resolve_config(ScoreConfig, config, options)
-    state = state or PartialState()
+    state = state or process_state()
     models = {role: path for role, path in zip(ROLES, (large_base, small_base, reference)) if path is not None}
     needed = set(config.roles) | ({config.ifd_model} if config.select_fraction else set())
     missing = [role for role in ROLES if role in needed and role not in models]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import PartialState
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, parse_flag_from_env
 from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -72,6 +72,12 @@ class ModelScores:
     @property
     def n_skipped(self) -> int:
         return int(self.skipped.sum())
+
+
+def process_state() -> PartialState:
+    """accelerate's process state. On a host without an accelerator, accelerate joins the processes of a launch
+    into a gloo group only when asked for the CPU, so ask for it there (otherwise each would score everything)."""
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available())
 
 
 def text_columns(dataset: Dataset, text_field: str = "text") -> list[str]:
@@ -179,7 +185,7 @@ def score_model(
 
     `after_chunk(chunk_index)` is called after each newly computed chunk is cached (used by tests to interrupt).
     """
-    state = state or PartialState()
+    state = state or process_state()
     model_path = str(model_path)
     columns = text_columns(dataset, config.dataset_text_field)
     text = dataset.select_columns(columns)
