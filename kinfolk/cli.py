@@ -22,6 +22,10 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "merge": (
+        "kinfolk.plugins.adapt.cli",
+        "ADAPT merges: init-student, delta, delta-cosine, apply-delta, patch, interpolate",
+    ),
 }
 
 
