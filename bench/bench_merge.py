@@ -166,8 +166,8 @@ def main() -> int:
         }
         if args.mergekit_bin:
             commands["mergekit"] = lambda out: [
-                args.mergekit_bin, str(mergekit_config), str(out), "--out-shard-size", f"{SHARD_BYTES // 10**6}M",
-                "--no-copy-tokenizer", "--lazy-unpickle", "--allow-crimes", "--quiet",
+                args.mergekit_bin, str(mergekit_config), str(out), "--out-shard-size", f"{SHARD_BYTES // 4 // 10**6}M",  # parameters, fp32
+                "--no-copy-tokenizer", "--no-write-model-card", "--lazy-unpickle", "--allow-crimes", "--quiet",
             ]  # fmt: skip
         runs = {name: [] for name in commands}
         checks = {}

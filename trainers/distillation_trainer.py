@@ -37,10 +37,10 @@ from torch import nn
 from torch.utils.data import Sampler
 from transformers import PreTrainedModel
 from trl import SFTTrainer
-from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
+from kinfolk.divergence import OutputHead, chunked_divergence
 from kinfolk.layout import decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
 from kinfolk.trainers.distillation_config import DistillationConfig
@@ -122,13 +122,6 @@ class PhaseSampler(Sampler[int]):
         return sum(self.sizes)
 
 
-def _logit_transform(config) -> tuple[float, float | None]:
-    """(logit scale, final soft-capping) of a model, as its forward applies them before the softmax."""
-    text = config.get_text_config()
-    scale = getattr(text, "logit_scale", None)
-    return (1.0 if scale is None else scale), getattr(text, "final_logit_softcapping", None)
-
-
 def distillation_kl(
     student_hidden: torch.Tensor,
     student: PreTrainedModel,
@@ -137,23 +130,14 @@ def distillation_kl(
     temperature: float,
 ) -> torch.Tensor:
     """Σ over rows of KL(teacher ‖ student) at temperature T, from final hidden states (N, H) and the LM heads,
-    chunked over the vocabulary (no (N, V) logits). Differentiable in the student only."""
-    student_head, teacher_head = student.get_output_embeddings(), teacher.get_output_embeddings()
-    student_scale, student_softcap = _logit_transform(student.config)
-    teacher_scale, teacher_softcap = _logit_transform(teacher.config)
-    per_token, _ = ChunkedDivergenceFunction.apply(
+    chunked over tokens and vocabulary (no (N, V) logits). Differentiable in the student only."""
+    per_token = chunked_divergence(
         student_hidden,
-        student_head.weight,
-        student_head.bias,
-        teacher_hidden.to(student_head.weight.device),
-        teacher_head.weight,
-        teacher_head.bias,
-        0.0,  # beta 0: forward KL(teacher ‖ student)
-        temperature,
-        student_scale,
-        student_softcap,
-        teacher_scale,
-        teacher_softcap,
+        OutputHead.of(student),
+        teacher_hidden.to(student_hidden.device),
+        OutputHead.of(teacher),
+        kind="forward_kl",
+        temperature=temperature,
     )
     return per_token.sum()
 
