@@ -27,6 +27,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "kinfolk.trainers.atlantis.cli",
         "ATLANTIS: score an SFT dataset with three models, add a weight column",
     ),
+    "merge": (
+        "kinfolk.plugins.adapt.cli",
+        "ADAPT merges: init-student, delta, delta-cosine, apply-delta, patch, interpolate",
+    ),
 }
 
 
