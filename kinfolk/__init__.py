@@ -9,3 +9,6 @@ Importing the package registers kinfolk's PEFT tuner types, so adapters saved by
 """
 
 __version__ = "0.1.0"
+
+# Registers the ATLAS PEFT type (idempotent), so `PeftModel.from_pretrained` can load kinfolk adapters.
+from kinfolk.plugins import atlas as _atlas  # noqa: F401

@@ -1,1 +1,6 @@
 """Trainers that drop into TRL: weighted SFT (ATLANTIS), distillation (ADAPT) and their regularisers."""
+
+from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
+from kinfolk.trainers.weighted_sft_trainer import WeightedSFTTrainer
+
+__all__ = ["WeightedSFTConfig", "WeightedSFTTrainer"]

@@ -1,0 +1,144 @@
+"""The ATLAS residual against a hand-written, token-by-token reference with explicit matrices, for every variant."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from kinfolk.plugins.atlas import AtlasConfig
+from kinfolk.plugins.atlas.config import RESIDUALS
+from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS, NOT_MERGEABLE, AtlasLinear
+
+
+def reference_delta(h, A, B, atlas, variant):
+    """Δ(h) for one token, written from the equations with d×d filter matrices (float64)."""
+    mu, tau, s_d = atlas["centers"], atlas["calibration"][0], atlas["calibration"][1]
+    if variant == "plain":
+        return B @ torch.tanh(A @ h)
+    distances = torch.stack([((h - mu[k]) ** 2).sum() for k in range(mu.shape[0])])
+    w = torch.exp(-distances / tau)
+    w = w / w.sum()
+    x = h - sum(w[k] * mu[k] for k in range(mu.shape[0]))
+
+    def filter_matrix(basis, spectrum):
+        eye = torch.eye(basis.shape[-1], dtype=h.dtype)
+        total = torch.zeros_like(eye)
+        for k in range(basis.shape[0]):
+            variances, floor = spectrum[k, :-1], spectrum[k, -1]
+            gamma = variances / (variances + floor)
+            total += w[k] * basis[k].T @ torch.diag(gamma) @ basis[k]
+        return eye - total
+
+    n_in = filter_matrix(atlas["in_basis"], atlas["in_spectrum"])
+    n_out = filter_matrix(atlas["out_basis"], atlas["out_spectrum"])
+    rho = float(((x @ n_in @ x + 1e-12) / (x @ x + 1e-12)).clamp(0, 1))
+    table = {
+        "centered": lambda: B @ torch.tanh(A @ x),
+        "distance_scaled": lambda: math.tanh(float(x @ x / s_d)) * (B @ torch.tanh(A @ x)),
+        "pca_scaled": lambda: rho * (B @ torch.tanh(A @ x)),
+        "input_filter": lambda: rho * (B @ torch.tanh(A @ (n_in @ x))),
+        "output_filter": lambda: rho * (n_out @ (B @ torch.tanh(A @ x))),
+        "atlas": lambda: rho * (n_out @ (B @ torch.tanh(A @ (n_in @ x)))),
+    }
+    return table[variant]()
+
+
+def random_layer(variant, d_in=12, d_out=7, regions=3, directions=4, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    base = nn.Linear(d_in, d_out).to(dtype)
+    config = AtlasConfig(r=5, residual=variant, num_regions=regions, num_directions=directions, init_weights=False)
+    return AtlasLinear(base, "default", config)
+
+
+@pytest.mark.parametrize("variant", RESIDUALS)
+def test_every_variant_matches_the_hand_written_reference(variant):
+    layer = random_layer(variant)
+    # Tokens near the centres, so routing is genuinely soft and the filters and scales all act.
+    h = layer.atlas_centers["default"].double()[torch.randint(3, (9,))] + 0.7 * torch.randn(9, 12, dtype=torch.float64)
+    atlas = {name[6:]: getattr(layer, name)["default"].double() for name in ATLAS_BUFFERS}
+    A, B = layer.atlas_A["default"].detach(), layer.atlas_B["default"].detach()
+    expected = torch.stack([reference_delta(token, A, B, atlas, variant) for token in h])
+    got = layer(h) - layer.base_layer(h)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-11)
+    assert expected.abs().max() > 1e-3  # the adapter is not trivially zero in this set-up
+
+
+def test_variants_differ_from_each_other_on_a_random_atlas():
+    h = torch.randn(6, 12, dtype=torch.float64)
+    outputs = {variant: random_layer(variant)(h) for variant in RESIDUALS}
+    for a in RESIDUALS:
+        for b in RESIDUALS:
+            if a < b:
+                assert not torch.allclose(outputs[a], outputs[b]), (a, b)
+
+
+def test_residual_keeps_leading_dimensions_and_works_in_float32():
+    layer = random_layer("atlas", dtype=torch.float32)
+    h = torch.randn(2, 5, 12)
+    flat = layer(h.reshape(10, 12)).reshape(2, 5, 7)
+    torch.testing.assert_close(layer(h), flat)
+
+
+@pytest.mark.parametrize("variant", RESIDUALS)
+def test_fresh_adapter_is_exactly_the_base_layer(variant):
+    base = nn.Linear(12, 7)
+    layer = AtlasLinear(base, "default", AtlasConfig(r=4, residual=variant))
+    h = torch.randn(3, 4, 12)
+    assert torch.equal(layer(h), base(h))
+
+
+def test_degenerate_atlas_reduces_every_variant_but_distance_scaling_to_plain():
+    torch.manual_seed(0)
+    h = torch.randn(5, 12, dtype=torch.float64)
+    outputs = {}
+    for variant in RESIDUALS:
+        torch.manual_seed(1)
+        layer = AtlasLinear(nn.Linear(12, 7).double(), "default", AtlasConfig(r=3, residual=variant))
+        with torch.no_grad():
+            layer.atlas_B["default"].normal_()
+        outputs[variant] = layer(h)
+    for variant in RESIDUALS:
+        if variant != "distance_scaled":
+            torch.testing.assert_close(outputs[variant], outputs["plain"])
+
+
+def test_merge_is_refused_with_the_reason():
+    layer = random_layer("atlas")
+    with pytest.raises(NotImplementedError, match="nonlinear"):
+        layer.merge()
+    assert "unload()" in NOT_MERGEABLE
+
+
+def test_set_atlas_checks_names_and_shapes():
+    layer = random_layer("atlas")
+    with pytest.raises(ValueError, match=r"centers .* shape \(3, 12\)"):
+        layer.set_atlas("default", centers=torch.zeros(4, 12))
+    with pytest.raises(KeyError, match="not an atlas buffer"):
+        layer.set_atlas("default", means=torch.zeros(3, 12))
+
+
+def test_directions_are_capped_at_the_module_widths():
+    layer = AtlasLinear(nn.Linear(10, 2), "default", AtlasConfig(r=2, num_regions=2, num_directions=8))
+    assert tuple(layer.atlas_in_basis["default"].shape) == (2, 8, 10)
+    assert tuple(layer.atlas_out_basis["default"].shape) == (2, 2, 2)
+
+
+def test_non_linear_modules_are_refused():
+    with pytest.raises(TypeError, match=r"nn\.Linear"):
+        AtlasLinear(nn.Conv1d(3, 3, 1), "default", AtlasConfig())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("residual", "gated", "not an ATLAS variant"),
+        ("r", 0, "positive"),
+        ("num_regions", 0, "positive"),
+        ("routing_temperature", 0.0, "> 0"),
+        ("atlas_dtype", "int8", "atlas_dtype"),
+    ],
+)
+def test_config_rejects_bad_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        AtlasConfig(**{field: value})
