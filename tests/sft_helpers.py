@@ -1,0 +1,77 @@
+"""Shared set-up for the weighted-SFT tests: CPU fp32 configs, trainer pairs on identical data, one-batch gradients."""
+
+from __future__ import annotations
+
+import torch
+from datasets import Dataset
+from trl import SFTConfig, SFTTrainer
+
+from kinfolk.testing import build_model, prompt_completion_dataset
+from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+CPU_FP32 = {
+    "use_cpu": True,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "per_device_train_batch_size": 4,
+    "max_steps": 1,
+    "learning_rate": 1e-2,
+    "seed": 0,
+    "disable_tqdm": True,
+}
+
+
+def weighted_data(n: int = 8, weights=None, seed: int = 0) -> Dataset:
+    weights = [1.0] * n if weights is None else [float(w) for w in weights]
+    return prompt_completion_dataset(n, seed=seed).add_column("weight", weights)
+
+
+def config(cls, output_dir, **overrides):
+    return cls(output_dir=str(output_dir), **{**CPU_FP32, **overrides})
+
+
+def weighted_trainer(tokenizer, data, output_dir, model=None, **overrides) -> WeightedSFTTrainer:
+    return WeightedSFTTrainer(
+        model=model or build_model("llama", tokenizer=tokenizer),
+        args=config(WeightedSFTConfig, output_dir, **overrides),
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
+
+
+def sft_trainer(tokenizer, data, output_dir, **overrides) -> SFTTrainer:
+    return SFTTrainer(
+        model=build_model("llama", tokenizer=tokenizer),
+        args=config(SFTConfig, output_dir, **overrides),
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
+
+
+def batch_loss_and_grads(trainer, rows=None, num_items_in_batch=None):
+    """Loss of one collated batch of the trainer's prepared rows and the gradients it leaves (training mode)."""
+    rows = range(len(trainer.train_dataset)) if rows is None else rows
+    inputs = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in rows]))
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def parameters(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def assert_same_tensors(left: dict, right: dict, scale: float = 1.0, rel: float = 0.0):
+    """Equal tensor by tensor (`scale` × right), exactly or within `rel` × the largest entry of each tensor."""
+    assert left.keys() == right.keys()
+    for name in left:
+        expected = right[name] * scale
+        error = float((left[name] - expected).abs().max())
+        assert error <= rel * float(expected.abs().max()), f"{name}: max error {error:.3g}"

@@ -1,0 +1,318 @@
+"""`WeightedSFTTrainer`: TRL's `SFTTrainer` with a per-example weight read from a dataset column (ATLANTIS).
+
+The loss is Σ_t W_t·ℓ_t / D, with ℓ_t the token's negative log-likelihood from TRL's fused LM head and
+W_t = (example weight) × (1 on the tokens SFTTrainer trains, `prompt_loss_weight` on the others). D depends on
+`weight_reduction`: `token` Σ_t (token weights), `sequence` the number of examples, `self_normalized` Σ_t W_t. D is
+summed over every micro-batch of an optimiser step and, with `average_tokens_across_devices`, over every rank, as
+transformers does for its token count, so gradient accumulation and DDP give the update of the one merged batch.
+With all weights 1 and `prompt_loss_weight=0` the `token` loss is SFTTrainer's, value for value.
+
+Data: TRL prepares the dataset (chat template, EOS, completion and assistant masks, its prompt/completion
+boundary); the example weight and the prompt/completion split are then written on every token, so they survive
+truncation, packing (each packed example keeps its own weight) and padding-free collation. Packing with
+`packing_strategy="wrapped"` cuts examples without recording where they start: the `sequence` reduction, which
+counts examples, refuses it, and the logged weight statistics treat each wrapped row as one example.
+
+Logged on top of TRL's metrics: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log
+and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw².
+
+>>> import tempfile
+>>> from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
+>>> from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+>>> data = prompt_completion_dataset(8).add_column("weight", [0.5, 2.0] * 4)
+>>> tokenizer = build_tokenizer()
+>>> trainer = WeightedSFTTrainer(
+...     model=build_model("llama", tokenizer=tokenizer),
+...     args=WeightedSFTConfig(tempfile.mkdtemp(), use_cpu=True, max_steps=1, per_device_train_batch_size=4),
+...     train_dataset=data,
+...     processing_class=tokenizer,
+... )
+>>> trainer.train_dataset[0]["example_weights"][:3]
+[0.5, 0.5, 0.5]
+>>> trainer.train()  # logs loss, entropy, mean_token_accuracy, num_tokens and weight/mean, min, max, batch_ess
+... # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, ClassVar
+
+import torch
+from datasets import Dataset, IterableDataset
+from transformers import TrainingArguments
+from transformers.utils import logging
+from trl import SFTTrainer
+from trl.data_utils import pack_dataset
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+from trl.trainer.utils import global_then_local_main_first
+
+from kinfolk.tokens import IGNORE_INDEX
+from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
+from kinfolk.trainers.weighted_sft_data import (
+    LOSS_WEIGHTS,
+    NORMALIZER,
+    STAT,
+    TOKEN_COLUMNS,
+    WEIGHT_STATS,
+    WeightedCollator,
+    WeightTransform,
+    has_completion_token,
+    token_weight_columns,
+)
+
+logger = logging.get_logger(__name__)
+
+
+class _WeightedLogProbs:
+    """Calls the model and multiplies the fused LM head's per-token log-probs by `weights`.
+
+    `SFTTrainer.compute_loss` reduces Σ(−log_probs) / N and logs entropy, token accuracy and token counts from the
+    same outputs; handed log-probs already multiplied by W·N/D it returns Σ W·ℓ / D and keeps every TRL metric.
+    """
+
+    def __init__(self, model: torch.nn.Module, weights: torch.Tensor):
+        self.model = model
+        self.weights = weights
+
+    def __call__(self, *args, **kwargs):
+        outputs = self.model(*args, **kwargs)
+        if kwargs.get("fused_lm_head"):
+            outputs.log_probs = outputs.log_probs * self.weights
+        return outputs
+
+
+class _WeightMetrics:
+    """Running weight statistics between two log lines, fed with `weight_stats` gathered from every rank."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.examples, self.weight_sum = 0.0, 0.0
+        self.minimum, self.maximum = math.inf, -math.inf
+        self.batch_ess: list[float] = []
+
+    def update(self, gathered: torch.Tensor) -> None:
+        rows = gathered.tolist()  # one (len(STAT_NAMES),) row per rank; one device sync
+        examples = sum(row[STAT["examples"]] for row in rows)
+        if examples == 0:
+            return
+        weight_sum = sum(row[STAT["weight_sum"]] for row in rows)
+        square_sum = sum(row[STAT["weight_square_sum"]] for row in rows)
+        self.examples += examples
+        self.weight_sum += weight_sum
+        self.minimum = min(self.minimum, *(row[STAT["weight_min"]] for row in rows))
+        self.maximum = max(self.maximum, *(row[STAT["weight_max"]] for row in rows))
+        self.batch_ess.append(weight_sum**2 / square_sum if square_sum > 0 else 0.0)
+
+    def summary(self) -> dict[str, float]:
+        if not self.examples:
+            return {}
+        return {
+            "weight/mean": self.weight_sum / self.examples,
+            "weight/min": self.minimum,
+            "weight/max": self.maximum,
+            "weight/batch_ess": sum(self.batch_ess) / len(self.batch_ess),
+        }
+
+
+def _weighted_config(args: TrainingArguments | None, model: Any) -> WeightedSFTConfig:
+    """`args` as a `WeightedSFTConfig` (defaults for the weight options), as SFTTrainer upgrades TrainingArguments."""
+    if isinstance(args, WeightedSFTConfig):
+        return args
+    if args is None:
+        name = model if isinstance(model, str) else model.config.name_or_path or type(model).__name__
+        return WeightedSFTConfig(f"{str(name).split('/')[-1]}-WeightedSFT")
+    values = args.to_dict()
+    values["hub_token"] = args.hub_token  # to_dict hides it
+    return WeightedSFTConfig(**values)
+
+
+def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_collator: Any) -> None:
+    reasons = []
+    if compute_loss_func is not None:
+        reasons.append("`compute_loss_func` replaces the loss with one that knows nothing of the weights")
+    if args.label_smoothing_factor > 0:
+        reasons.append("`label_smoothing_factor` > 0 computes the loss from full logits, without the weights")
+    if args.loss_type == "dft":
+        reasons.append("`loss_type='dft'` rescales each token by its own probability; use 'nll'")
+    if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
+        reasons.append(
+            "`dataset_kwargs={'skip_prepare_dataset': True}` skips the step that writes the weights on the tokens"
+        )
+    if data_collator is not None and not isinstance(data_collator, DataCollatorForLanguageModeling):
+        reasons.append(
+            f"a custom data collator ({type(data_collator).__name__}) gives no per-token weights; leave "
+            "`data_collator` unset (or pass TRL's DataCollatorForLanguageModeling)"
+        )
+    if args.weight_reduction == "sequence" and args.packing and args.packing_strategy == "wrapped":
+        reasons.append(
+            "weight_reduction='sequence' counts examples, and packing_strategy='wrapped' cuts them without "
+            "recording where they start; use packing_strategy='bfd'"
+        )
+    if reasons:
+        raise ValueError("WeightedSFTTrainer cannot honour these options: " + "; ".join(reasons) + ".")
+
+
+class WeightedSFTTrainer(SFTTrainer):
+    """`trl.SFTTrainer` whose loss weights each example by its dataset's `weight_column` (see module docstring).
+
+    Takes the same arguments as `SFTTrainer`; `args` is a `WeightedSFTConfig` (an `SFTConfig` or
+    `TrainingArguments` is upgraded with the weight options at their defaults).
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "sft", "kinfolk", "weighted-sft"]
+    _name = "Weighted SFT"
+
+    def __init__(
+        self,
+        model,
+        args: WeightedSFTConfig | TrainingArguments | None = None,
+        data_collator=None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_loss_func=None,
+        **kwargs,
+    ):
+        args = _weighted_config(args, model)
+        _reject_unsupported(args, compute_loss_func, data_collator)
+        super().__init__(
+            model,
+            args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        if self._skip_prepare_dataset:  # vision datasets are prepared on the fly, without weight columns
+            raise ValueError("WeightedSFTTrainer supports text datasets only; this dataset holds images.")
+        parallelism = self.accelerator.parallelism_config
+        if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
+            raise ValueError(
+                "WeightedSFTTrainer does not support context or sequence parallelism: they shard the batch along the "
+                "sequence, and the per-token loss weights are not sharded with it."
+            )
+        if args.prompt_loss_weight > 0 and not self.completion_only_loss and not args.assistant_only_loss:
+            logger.warning(
+                f"prompt_loss_weight={args.prompt_loss_weight} has no effect: SFTTrainer already trains on every "
+                "token of this dataset (completion_only_loss and assistant_only_loss are off)."
+            )
+        self.data_collator = WeightedCollator(self.data_collator)
+        self._weight_metrics = {"train": _WeightMetrics(), "eval": _WeightMetrics()}
+        self._step_normalizer: torch.Tensor | None = None
+
+    # ---- data -------------------------------------------------------------------------------------------------
+
+    def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+        """TRL's preparation without truncation, packing or shuffling; then the weight columns; then those three,
+        as TRL orders them, carrying the weight columns along."""
+        weighted = args.weight_column is not None and (dataset_name == "train" or args.weight_eval_loss)
+        transform = None
+        if weighted:
+            transform = WeightTransform.fit(
+                dataset,
+                args.weight_column,
+                args.weight_clip_min,
+                args.weight_clip_max,
+                args.normalize_weights,
+                dataset_name,
+            )
+        unpacked = copy.copy(args)
+        unpacked.max_length, unpacked.shuffle_dataset = None, False
+        dataset = super()._prepare_dataset(dataset, processing_class, unpacked, False, formatting_func, dataset_name)
+
+        map_kwargs = {"num_proc": args.dataset_num_proc} if isinstance(dataset, Dataset) else {}
+        described = (lambda text: {"desc": f"{text} {dataset_name} dataset"}) if map_kwargs else (lambda text: {})
+        with global_then_local_main_first():
+            dataset = dataset.map(
+                token_weight_columns,
+                with_indices=True,
+                fn_kwargs={"transform": transform, "prompt_loss_weight": args.prompt_loss_weight},
+                **map_kwargs,
+                **described("Writing example weights on the tokens of"),
+            )
+            if args.max_length is not None and not packing:
+                dataset = self._truncate(dataset, args, map_kwargs, described)
+            if packing:
+                if args.max_length is None:
+                    raise ValueError("When packing is enabled, `max_length` can't be `None`.")
+                dataset = dataset.select_columns(["input_ids", "labels", *TOKEN_COLUMNS])
+                if args.shuffle_dataset:
+                    dataset = dataset.shuffle(seed=args.seed)
+                dataset = pack_dataset(
+                    dataset, args.max_length, args.packing_strategy, {**map_kwargs, **described("Packing")}
+                )
+        if args.shuffle_dataset:
+            dataset = dataset.shuffle(seed=args.seed)
+        return dataset
+
+    @staticmethod
+    def _truncate(dataset, args, map_kwargs, described):
+        if args.truncation_mode == "keep_start":
+            kept = slice(None, args.max_length)
+        elif args.truncation_mode == "keep_end":
+            kept = slice(-args.max_length, None)
+        else:
+            raise ValueError(f"Unsupported truncation mode: {args.truncation_mode}, expected 'keep_start'")
+        columns = ("input_ids", "labels", *TOKEN_COLUMNS)
+        dataset = dataset.map(
+            lambda example: {name: example[name][kept] for name in columns},
+            **map_kwargs,
+            **described("Truncating"),
+        )
+        # SFTTrainer drops examples that truncation left without a trained token; so do we (prompt tokens at a
+        # reduced weight do not count: the example's answer is gone).
+        return dataset.filter(has_completion_token, **map_kwargs, **described("Dropping answerless examples from"))
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = [*self._signature_columns, *TOKEN_COLUMNS]
+
+    # ---- loss -------------------------------------------------------------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._step_normalizer = None
+        if num_items_in_batch is not None and batch_samples:
+            self._step_normalizer = self._global_normalizer(batch_samples, device)
+        return batch_samples, num_items_in_batch
+
+    def _global_normalizer(self, batch_samples: list[dict[str, Any]], device) -> torch.Tensor:
+        """The reduction's D over every micro-batch of the step, counted the way transformers counts N."""
+        index = STAT[NORMALIZER[self.args.weight_reduction]]
+        normalizer = sum(batch[WEIGHT_STATS][index].to(device) for batch in batch_samples)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            normalizer = self.accelerator.gather(normalizer).sum()
+        return normalizer / (self.get_tp_size() * self.get_cp_size() * self.get_sp_size())
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        weights = inputs.pop(LOSS_WEIGHTS)[:, 1:]
+        stats = inputs.pop(WEIGHT_STATS)
+        mode = "train" if self.model.training else "eval"
+        self._weight_metrics[mode].update(self.accelerator.gather(stats[None]))
+        # SFTTrainer divides by N (the step's label count, or this batch's without one); W·N/D makes that Σ W·ℓ / D.
+        if num_items_in_batch is not None and self._step_normalizer is not None and mode == "train":
+            count, normalizer = num_items_in_batch, self._step_normalizer
+        else:
+            count = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
+            normalizer = stats[STAT[NORMALIZER[self.args.weight_reduction]]]
+        count = torch.as_tensor(count, dtype=weights.dtype, device=weights.device)
+        scale = torch.where(normalizer > 0, count / normalizer, torch.zeros_like(count))
+        return super().compute_loss(
+            _WeightedLogProbs(model, weights * scale),
+            inputs,
+            return_outputs=return_outputs,
+            num_items_in_batch=num_items_in_batch,
+        )
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        prefix = "eval_" if mode == "eval" else ""
+        logs.update({prefix + key: value for key, value in self._weight_metrics[mode].summary().items()})
+        self._weight_metrics[mode].reset()
+        super().log(logs, start_time)
