@@ -59,7 +59,7 @@ def test_the_example_yaml_parses_with_the_verbs_parser(tmp_path):
     parsed = sft_cli.make_parser().parse_args_and_config(
         ["--config", str(ROOT / "examples" / "sft_weighted.yaml"), "--output_dir", str(tmp_path), "--use_cpu"]
     )
-    script_args, training_args, model_args, _ = parsed
+    script_args, training_args, model_args, *_ = parsed
     assert (training_args.weight_column, training_args.prompt_loss_weight, training_args.weight_clip_max) == (
         "weight",
         0.1,
@@ -106,7 +106,7 @@ def test_an_extension_adds_flags_builds_the_adapter_and_sees_the_trainer(
 def test_a_save_to_disk_folder_is_read_as_the_train_split(tmp_path):
     folder = tmp_path / "saved"
     prompt_completion_dataset(3).add_column("weight", [1.0, 2.0, 3.0]).save_to_disk(folder)
-    script_args, *_, dataset_args = sft_cli.make_parser().parse_args_and_config(
+    script_args, _, _, dataset_args, *_ = sft_cli.make_parser().parse_args_and_config(
         ["--dataset_name", str(folder), "--output_dir", str(tmp_path), "--use_cpu"]
     )
     assert sft_cli.load_datasets(script_args, dataset_args)["train"]["weight"] == [1.0, 2.0, 3.0]

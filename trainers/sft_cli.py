@@ -15,7 +15,7 @@ that turns the parsed options into the `peft_config` to train, and a hook that r
 training (e.g. to fit data-dependent adapter state). Append one to `EXTENSIONS`.
 
 >>> parser = make_parser()
->>> script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
+>>> script_args, training_args, model_args, dataset_args, *extension_args = parser.parse_args_and_config(
 ...     ["--output_dir", "out", "--use_cpu", "--weight_reduction", "sequence", "--dataset_name", "data"]
 ... )
 >>> training_args.weight_reduction, script_args.dataset_name
@@ -32,6 +32,7 @@ from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
+from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_peft_config, sft_prepare
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
 PROG = "kinfolk sft"
@@ -51,8 +52,10 @@ class SFTExtension:
     prepare: Callable[[Any, Any], None] | None = None
 
 
-# Option groups parsed alongside TRL's; the ATLAS adapter options join here.
-EXTENSIONS: list[SFTExtension] = []
+# Option groups parsed alongside TRL's.
+EXTENSIONS: list[SFTExtension] = [
+    SFTExtension(arguments=AtlasArguments, peft_config=sft_peft_config, prepare=sft_prepare),
+]
 
 
 def make_parser(prog: str = PROG) -> TrlParser:

@@ -3,7 +3,10 @@
 TRL's scripts take LoRA as `--use_peft --lora_r 16 ...` (its `ModelConfig`); an ATLAS run takes
 `--use_atlas --atlas_retained_dataset gsm8k.jsonl --atlas_layers 17 --atlas_r 16 --atlas_residual atlas
 --atlas_regions 16`, or the same keys in the YAML config. `peft_config()` gives the `AtlasConfig` for the trainer's
-`peft_config=`; `fit(model, tokenizer)` fills the atlas from the retained data before training.
+`peft_config=`; `fit(model, tokenizer)` fills the atlas from the retained data before training. `kinfolk sft` takes
+these options through its extension hooks (`sft_peft_config`, `sft_prepare`), so an ATLAS run is one command:
+
+    kinfolk sft --config run.yaml   # run.yaml: model, dataset, SFT options, use_atlas: true, atlas_* keys
 
 >>> args = AtlasArguments(use_atlas=True, atlas_layers=[17], atlas_r=16, atlas_regions=1)
 >>> config = args.peft_config()
@@ -38,7 +41,10 @@ class AtlasArguments:
         default=None, metadata={"help": "Use the first N retained rows (the paper fits on 2,048)."}
     )
     atlas_layers: list[int] | None = field(
-        default=None, metadata={"help": "Decoder layers to adapt; default: the one at 47% depth."}
+        default=None,
+        metadata={
+            "help": "Decoder layers to adapt; default: the one at 17/36 of the depth (the paper's layer 17 of 36)."
+        },
     )
     atlas_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Modules to adapt; default: the attention output projection."}
@@ -100,3 +106,22 @@ class AtlasArguments:
             seed=self.atlas_seed,
             progress=progress,
         )
+
+
+def sft_peft_config(options: AtlasArguments, model_args=None) -> AtlasConfig | None:
+    """`kinfolk sft` hook: the adapter to train when `--use_atlas` is given."""
+    if not options.use_atlas:
+        return None
+    if options.atlas_retained_dataset is None and options.atlas_residual != "plain":
+        raise ValueError(
+            f"--use_atlas with --atlas_residual {options.atlas_residual} needs --atlas_retained_dataset: the atlas "
+            "is fitted on retained data (only the plain residual ignores it)"
+        )
+    return options.peft_config()
+
+
+def sft_prepare(options: AtlasArguments, trainer) -> None:
+    """`kinfolk sft` hook: fit the atlas on the built trainer's model, before training (every process fits the same
+    atlas from the same data; DDP's start-up broadcast would align them anyway)."""
+    if options.use_atlas and options.atlas_retained_dataset is not None:
+        options.fit(trainer.model, trainer.processing_class, progress=trainer.accelerator.is_local_main_process)

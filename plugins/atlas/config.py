@@ -77,7 +77,7 @@ class AtlasConfig(PeftConfig):
     layers_to_transform: list[int] | int | None = field(
         default=None,
         metadata={
-            "help": "Decoder-layer indices to adapt. Default with the default target: the one layer at 47% depth."
+            "help": "Decoder-layer indices to adapt. Default with the default target: the one layer at 17/36 of the depth."
         },
     )
     layers_pattern: list[str] | str | None = field(
