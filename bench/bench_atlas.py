@@ -4,7 +4,7 @@ placement); the atlas fit (streamed k-means) against scikit-learn's KMeans on th
 Model: a random Qwen3-shaped decoder (about 54M parameters on CPU; `--shape qwen3-8b` for the paper's shape on a
 GPU), the adapter on the attention output projection of the layer at 47% depth, rank 16, K = 16 regions, p = 8.
 Latencies are the best of interleaved repetitions (frozen, LoRA, ATLAS in turn, so drift hits all three alike),
-in process CPU time on a CPU (see `timed`).
+in process CPU time on a CPU (see `clock_for`); the adapted module is also timed alone.
 Prints exactly one JSON line at the end.
 
     OMP_NUM_THREADS=1 python bench/bench_atlas.py
@@ -64,10 +64,14 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def clock_for(device: str):
+    """Wall clock on a GPU; on a CPU this process's CPU time (one thread), which other jobs on a shared machine do
+    not inflate the way they inflate wall-clock time."""
+    return time.perf_counter if device.startswith("cuda") else time.process_time
+
+
 def timed(fn, device: str) -> float:
-    """Seconds of `fn`: wall clock on a GPU; on a CPU this process's CPU time (one thread), which other jobs on a
-    shared machine do not inflate the way they inflate wall-clock time."""
-    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+    clock = clock_for(device)
     sync(device)
     start = clock()
     fn()
@@ -102,6 +106,17 @@ def latencies(models: dict, batch: int, prompt: int, new_tokens: int, repeats: i
     return {name: {kind: min(values) for kind, values in kinds.items()} for name, kinds in times.items()}
 
 
+def module_latencies(modules: dict, inputs: dict[str, torch.Tensor], repeats: int, device: str) -> dict:
+    """Best-of time of the adapted module alone (frozen, LoRA, ATLAS) on prefill- and decode-sized inputs."""
+    times = {name: {kind: [] for kind in inputs} for name in modules}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, module in modules.items():
+                for kind, x in inputs.items():
+                    times[name][kind].append(timed(lambda m=module, x=x: [m(x) for _ in range(10)], device) / 10)
+    return {name: {kind: min(values) for kind, values in kinds.items()} for name, kinds in times.items()}
+
+
 class _Captured(Exception):
     pass
 
@@ -123,7 +138,7 @@ def activations(model, batches, module_name: str) -> torch.Tensor:
     return torch.cat(rows).float().cpu()
 
 
-def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int]) -> dict:
+def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int], clock=time.process_time) -> dict:
     """Streamed k-means (as fit_atlas runs it, without the covariances) vs scikit-learn KMeans, same rows."""
     from sklearn.cluster import KMeans
 
@@ -133,15 +148,15 @@ def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int]) -> dict:
     array = rows.numpy()
     for seed in seeds:
         km = StreamedKMeans(k, seed=seed, covariance=False)
-        start = time.perf_counter()
+        start = clock()
         while not km.done:
             for chunk in rows.split(8192):
                 km.observe(chunk)
             km.end_pass()
-        ours.append((time.perf_counter() - start, inertia(rows, km.centers)))
-        start = time.perf_counter()
+        ours.append((clock() - start, inertia(rows, km.centers)))
+        start = clock()
         fitted = KMeans(n_clusters=k, init="k-means++", n_init=1, random_state=seed).fit(array)
-        theirs.append((time.perf_counter() - start, inertia(rows, torch.from_numpy(fitted.cluster_centers_))))
+        theirs.append((clock() - start, inertia(rows, torch.from_numpy(fitted.cluster_centers_))))
     ratio = bootstrap_interval(lambda a, b: float(a.mean() / b.mean()), [i for _, i in ours], [i for _, i in theirs])
     return {
         "kmeans_seconds": statistics.median(t for t, _ in ours),
@@ -185,7 +200,19 @@ def main(argv: list[str] | None = None) -> int:
                       args.repeats, args.device)  # fmt: skip
     _log(f"latencies: {speed}")
     rows = activations(frozen, retained_tokens(frozen.config.vocab_size, args.kmeans_rows, 256, seed=3), target)
-    kmeans = kmeans_comparison(rows, args.regions, list(range(args.seeds)))
+    kmeans = kmeans_comparison(rows, args.regions, list(range(args.seeds)), clock_for(args.device))
+    modules = {"frozen": frozen, "lora": lora.base_model.model, "atlas": atlas.base_model.model}
+    module_inputs = {
+        "prefill": rows[: args.batch * args.prompt].to(args.device, dtype),
+        "decode": rows[: args.batch].to(args.device, dtype),
+    }
+    module_speed = module_latencies(
+        {name: model.get_submodule(target) for name, model in modules.items()},
+        module_inputs,
+        args.repeats,
+        args.device,
+    )
+    _log(f"adapted module: {module_speed}")
     _log(f"k-means: {kmeans}")
     with tempfile.TemporaryDirectory() as directory:
         atlas.save_pretrained(Path(directory) / "atlas")
@@ -221,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": args.new_tokens,
         "prefill_seconds": {name: round(v["prefill"], 5) for name, v in speed.items()},
         "decode_seconds_per_token": {name: round(v["decode"], 6) for name, v in speed.items()},
+        "module_seconds": {name: {k: round(v, 7) for k, v in kinds.items()} for name, kinds in module_speed.items()},
+        "module_atlas_over_lora": {
+            k: round(module_speed["atlas"][k] / module_speed["lora"][k], 3) for k in module_inputs
+        },
         "fit_atlas_seconds": round(fit.seconds, 3),
         "fit_tokens": fit.tokens,
         "fit_passes": fit.passes,
