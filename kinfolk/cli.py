@@ -22,6 +22,7 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "eval": ("kinfolk.lm_eval_cli", "lm-eval's CLI with kinfolk's adapter types and tasks registered"),
 }
 
 
