@@ -112,7 +112,14 @@ class OutputHead:
 
     def logits(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """fp32 logits of a few tokens after scale, soft-cap and temperature (for tiles, never a whole batch)."""
-        z = nn.functional.linear(hidden.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        weight = self.weight
+        if hidden.is_cuda and weight.dtype in (torch.float16, torch.bfloat16):
+            # fp32 products accumulated from half-precision inputs, without an fp32 copy of the whole head
+            z = torch.mm(hidden.to(weight.dtype), weight.t(), out_dtype=torch.float32)
+        else:
+            z = hidden.float() @ weight.float().t()
+        if self.bias is not None:
+            z = z + self.bias.float()
         z = z * self.scale
         if self.softcap is not None:
             z = self.softcap * torch.tanh(z / self.softcap)
@@ -490,13 +497,14 @@ class ExpectationCache(_BatchCache):
         for key, hidden in _frozen_hidden(model, batches, disable_adapter):
             moments, constants = [], []
             with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+                weight = head.weight.float()  # m = Wᵀp needs fp32 throughout: an error in m is an error in KL
                 for start in range(0, max(hidden.shape[0], 1), token_chunk_size):
                     log_p = torch.log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature), -1)
                     p = log_p.exp()
                     constant = (p * log_p).sum(-1)
                     if head.bias is not None:
                         constant -= factor * (p @ head.bias.float())
-                    moments.append(p @ head.weight.float())
+                    moments.append(p @ weight)
                     constants.append(constant)
             cache.entries[key] = {"moment": torch.cat(moments), "constant": torch.cat(constants)}
         return cache
