@@ -9,7 +9,7 @@ network and process isolation, and it refuses to run at all unless code executio
 --confirm_run_unsafe_code` and `LmEvalCallback(confirm_run_unsafe_code=True)` set).
 
 >>> result = run_untrusted("assert sum([1, 2]) == 3", allow=True)  # doctest: +SKIP
->>> result.status
+>>> result.status  # doctest: +SKIP
 'passed'
 """
 

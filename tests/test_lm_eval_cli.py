@@ -46,7 +46,6 @@ def save_adapter(tiny_kit, tmp_path, config):
     return base_dir, tmp_path / "adapter"
 
 
-@pytest.mark.slow
 def test_eval_verb_loads_a_lora_adapter(tiny_kit, tmp_path):
     config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     base_dir, adapter_dir = save_adapter(tiny_kit, tmp_path, config)
@@ -66,6 +65,7 @@ def test_eval_verb_loads_a_lora_adapter(tiny_kit, tmp_path):
             "--log_samples",
             "--output_path",
             str(tmp_path / "results"),
+            "--skip_default_tasks",
         ]
     )
     assert status == 0
@@ -90,7 +90,7 @@ def test_eval_verb_loads_an_atlas_adapter_in_a_fresh_process(tiny_kit, tmp_path)
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "kinfolk", "eval", "--model", "hf"]
     command += ["--model_args", f"pretrained={base_dir},peft={adapter_dir}", "--tasks", TASK, "--device", "cpu"]
-    command += ["--log_samples", "--output_path", str(tmp_path / "results")]
+    command += ["--log_samples", "--output_path", str(tmp_path / "results"), "--skip_default_tasks"]
     finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     ours = log_likelihoods(cli_samples(tmp_path / "results"))
