@@ -128,7 +128,8 @@ def _weighted_config(args: TrainingArguments | None, model: Any) -> WeightedSFTC
         name = model if isinstance(model, str) else model.config.name_or_path or type(model).__name__
         return WeightedSFTConfig(f"{str(name).split('/')[-1]}-WeightedSFT")
     values = args.to_dict()
-    values["hub_token"] = args.hub_token  # to_dict hides it
+    # to_dict masks every `*_token` field (hub_token, eos_token, pad_token): take the real values back
+    values.update({key: getattr(args, key) for key in values if key.endswith("_token")})
     return WeightedSFTConfig(**values)
 
 
