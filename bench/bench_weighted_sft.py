@@ -5,7 +5,7 @@ the tokens SFTTrainer trains (a prompt loss weight would add tokens, i.e. work, 
 trainers take turns step by step in one process (`step_times`); peak memory: each variant trains in a fresh process
 (`peak_memory`). The model is a random Llama, sized for the device (`SHAPES`).
 
-    python bench/bench_weighted_sft.py [--steps 24 --rounds 1]
+    python bench/bench_weighted_sft.py [--steps 24 --rounds 1]   # about 15 minutes on two idle CPU cores
 
 Ends by printing one JSON line: {"bench": ..., "figures": ..., "ratios": ..., "goals": ..., "pass": ...}.
 """
@@ -61,6 +61,7 @@ def _peak_rss_bytes() -> int:
 
 def _trainer(variant: str, layout: str, steps: int, batch_size: int):
     import torch
+    from transformers import PrinterCallback, ProgressCallback
     from trl import SFTConfig, SFTTrainer
 
     from kinfolk.testing import build_model, build_tokenizer
@@ -88,10 +89,14 @@ def _trainer(variant: str, layout: str, steps: int, batch_size: int):
         **LAYOUTS[layout],
     }
     if variant == "sft":
-        return SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=data, processing_class=tokenizer)
-    return WeightedSFTTrainer(
-        model=model, args=WeightedSFTConfig(**common), train_dataset=data, processing_class=tokenizer
-    )
+        trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=data, processing_class=tokenizer)
+    else:
+        trainer = WeightedSFTTrainer(
+            model=model, args=WeightedSFTConfig(**common), train_dataset=data, processing_class=tokenizer
+        )
+    for printer in (PrinterCallback, ProgressCallback):  # stdout carries only the final JSON line
+        trainer.remove_callback(printer)
+    return trainer
 
 
 def step_times(layout: str, steps: int, warmup: int, batch_size: int) -> dict[str, list[float]]:

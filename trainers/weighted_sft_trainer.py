@@ -13,8 +13,12 @@ truncation, packing (each packed example keeps its own weight) and padding-free 
 `packing_strategy="wrapped"` cuts examples without recording where they start: the `sequence` reduction, which
 counts examples, refuses it, and the logged weight statistics treat each wrapped row as one example.
 
+Regularisers against forgetting, on retained data (`retained_dataset=` or `retained_dataset_name`): Replay
+(`replay_ratio`) and Output-KL (`output_kl_coef`); see `kinfolk.trainers.regularisers`.
+
 Logged on top of TRL's metrics: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log
-and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw².
+and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw²; with Output-KL,
+`output_kl`.
 
 >>> import tempfile
 >>> from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
@@ -231,7 +235,8 @@ class WeightedSFTTrainer(SFTTrainer):
         require_peft(self.model)
         retained = self._retained_tokens(self.processing_class, args)
         if args.max_length is not None:
-            retained = self._truncate(retained, args, *self._map_kwargs(retained, args, "retained"))
+            with global_then_local_main_first():
+                retained = self._truncate(retained, args, *self._map_kwargs(retained, args, "retained"))
         batch_size = args.output_kl_batch_size or args.per_device_train_batch_size
         return OutputKL(
             RetainedBatches(retained, batch_size, args.seed), self.data_collator.collator, args.output_kl_divergence
