@@ -64,20 +64,30 @@ def test_an_atlas_run_is_one_command(tiny_kit, tmp_path):
     assert torch.equal(loaded(ids).logits, trainer.model(ids).logits.cpu())
 
 
-def test_atlas_needs_retained_data_and_is_one_adapter_source(tiny_kit, tmp_path):
+def test_atlas_shares_the_replay_retained_data_or_asks_for_some(tiny_kit, tmp_path):
+    (tmp_path / "target").mkdir()
+    prompt_completion_dataset(8).add_column("weight", [1.0] * 8).to_json(tmp_path / "target" / "train.jsonl")
+    text_dataset(10, seed=2).to_json(tmp_path / "retained.jsonl")
     base = [
-        "--model_name_or_path",
-        str(tiny_kit.model_dir("llama")),
-        "--dataset_name",
-        "x",
-        "--output_dir",
-        str(tmp_path),
-    ]
-    with pytest.raises(ValueError, match="needs --atlas_retained_dataset"):
-        parsed = sft_cli.make_parser().parse_args_and_config([*base, "--use_atlas", *TINY_RUN])
-        sft_cli.build_peft_config(parsed[2], parsed[4:])
+        "--model_name_or_path", str(tiny_kit.model_dir("llama")),
+        "--dataset_name", str(tmp_path / "target"),
+        "--output_dir", str(tmp_path / "out"),
+        "--use_atlas", "--atlas_regions", "2", *TINY_RUN,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="needs retained data"):
+        sft_cli.train(*sft_cli.make_parser().parse_args_and_config(base))
+    trainer = sft_cli.train(
+        *sft_cli.make_parser().parse_args_and_config(
+            [*base, "--retained_dataset_name", str(tmp_path / "retained.jsonl")]
+        )
+    )
+    layer = trainer.model.base_model.model.model.layers[1].self_attn.o_proj
+    assert layer.atlas_in_spectrum["default"][:, :-1].min() > 0  # fitted on the Replay/Output-KL retained data
+
+
+def test_atlas_is_one_adapter_source(tiny_kit, tmp_path):
     parsed = sft_cli.make_parser().parse_args_and_config(
-        [*base, "--use_atlas", "--atlas_retained_dataset", "r.jsonl", "--use_peft", *TINY_RUN]
+        ["--output_dir", str(tmp_path), "--use_atlas", "--atlas_retained_dataset", "r.jsonl", "--use_peft", *TINY_RUN]
     )
     with pytest.raises(ValueError, match="several adapters"):
         sft_cli.build_peft_config(parsed[2], parsed[4:])

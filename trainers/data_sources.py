@@ -1,4 +1,5 @@
-"""Opening a dataset by name the way `trl sft` does, plus the folders `Dataset.save_to_disk` writes.
+"""Opening a dataset by name the way `trl sft` does, plus the folders `Dataset.save_to_disk` writes and single
+local data files (.json, .jsonl, .csv, .parquet, .txt).
 
 >>> import tempfile
 >>> from kinfolk.testing import text_dataset
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# `load_dataset` builder for a single local data file, by suffix.
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
 
 def load_splits(name: str, config: str | None = None, streaming: bool = False, split: str = "train"):
-    """The splits of a Hub dataset, a local data folder or a `save_to_disk` folder (a lone Dataset becomes `split`)."""
+    """The splits of a Hub dataset, a local data folder, a `save_to_disk` folder or a single data file (a lone
+    Dataset becomes `split`)."""
     from datasets import load_dataset, load_from_disk
 
     path = Path(name)
+    if path.is_file() and path.suffix in FILE_BUILDERS:
+        return {
+            split: load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train", streaming=streaming)
+        }
     if (path / "dataset_dict.json").is_file():
         return load_from_disk(str(path))
     if (path / "state.json").is_file():

@@ -17,12 +17,9 @@ these options through its extension hooks (`sft_peft_config`, `sft_prepare`), so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from kinfolk.plugins.atlas.config import ATLAS_DTYPES, RESIDUALS, AtlasConfig
-
-_FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
 @dataclass
@@ -31,8 +28,9 @@ class AtlasArguments:
     atlas_retained_dataset: str | None = field(
         default=None,
         metadata={
-            "help": "Retained data the atlas is fitted on: a Hub dataset name, a `save_to_disk` folder or a "
-            ".json/.jsonl/.csv/.parquet/.txt file (text, prompt/completion or messages rows)."
+            "help": "Retained data the atlas is fitted on: a Hub dataset name, a data or `save_to_disk` folder or a "
+            ".json/.jsonl/.csv/.parquet/.txt file (text, prompt/completion or messages rows). Default in `kinfolk "
+            "sft`: the Replay/Output-KL `retained_dataset_name`."
         },
     )
     atlas_retained_config: str | None = field(default=None, metadata={"help": "Dataset config name, if any."})
@@ -73,32 +71,31 @@ class AtlasArguments:
             task_type="CAUSAL_LM",
         )
 
-    def retained_dataset(self):
-        """The retained rows, loaded as `trl sft` loads its training data (plus local files and folders)."""
-        import datasets
+    def retained_dataset(self, fallback: str | None = None, fallback_split: str = "train"):
+        """The retained rows, loaded as `kinfolk sft` loads its data (Hub name, folder, `save_to_disk` folder or a
+        single file); `fallback` (e.g. the Replay/Output-KL `retained_dataset_name`) when none is set."""
+        from kinfolk.trainers.data_sources import load_splits
 
-        if self.atlas_retained_dataset is None:
-            raise ValueError("--use_atlas needs --atlas_retained_dataset (the data the atlas is fitted on)")
-        path = Path(self.atlas_retained_dataset)
-        if path.is_dir() and (path / "dataset_info.json").exists():
-            dataset = datasets.load_from_disk(str(path))
-        elif path.suffix in _FILE_LOADERS and path.exists():
-            dataset = datasets.load_dataset(_FILE_LOADERS[path.suffix], data_files=str(path), split="train")
-        else:
-            dataset = datasets.load_dataset(
-                self.atlas_retained_dataset, self.atlas_retained_config, split=self.atlas_retained_split
+        name, split = self.atlas_retained_dataset, self.atlas_retained_split
+        if name is None:
+            name, split = fallback, fallback_split
+        if name is None:
+            raise ValueError(
+                "--use_atlas needs retained data to fit the atlas on: --atlas_retained_dataset (or the Replay/"
+                "Output-KL --retained_dataset_name, which it then shares, as in the paper)"
             )
+        dataset = load_splits(name, self.atlas_retained_config, split=split)[split]
         if self.atlas_retained_samples is not None:
             dataset = dataset.select(range(min(self.atlas_retained_samples, len(dataset))))
         return dataset
 
-    def fit(self, model, tokenizer, progress: bool = True):
+    def fit(self, model, tokenizer, progress: bool = True, retained=None):
         """Fit the adapter's atlas on the retained data (after the trainer has wrapped the model)."""
         from kinfolk.plugins.atlas.fit import fit_atlas
 
         return fit_atlas(
             model,
-            self.retained_dataset(),
+            self.retained_dataset() if retained is None else retained,
             tokenizer=tokenizer,
             batch_size=self.atlas_fit_batch_size,
             max_length=self.atlas_fit_max_length,
@@ -110,18 +107,18 @@ class AtlasArguments:
 
 def sft_peft_config(options: AtlasArguments, model_args=None) -> AtlasConfig | None:
     """`kinfolk sft` hook: the adapter to train when `--use_atlas` is given."""
-    if not options.use_atlas:
-        return None
-    if options.atlas_retained_dataset is None and options.atlas_residual != "plain":
-        raise ValueError(
-            f"--use_atlas with --atlas_residual {options.atlas_residual} needs --atlas_retained_dataset: the atlas "
-            "is fitted on retained data (only the plain residual ignores it)"
-        )
-    return options.peft_config()
+    return options.peft_config() if options.use_atlas else None
 
 
 def sft_prepare(options: AtlasArguments, trainer) -> None:
-    """`kinfolk sft` hook: fit the atlas on the built trainer's model, before training (every process fits the same
-    atlas from the same data; DDP's start-up broadcast would align them anyway)."""
-    if options.use_atlas and options.atlas_retained_dataset is not None:
-        options.fit(trainer.model, trainer.processing_class, progress=trainer.accelerator.is_local_main_process)
+    """`kinfolk sft` hook: fit the atlas on the built trainer's model before training, on `--atlas_retained_dataset`
+    or else the trainer's `--retained_dataset_name`. Every process fits the same atlas from the same data (DDP's
+    start-up broadcast would align them anyway). The plain residual ignores the atlas and may run without data."""
+    if not options.use_atlas:
+        return
+    args = trainer.args
+    fallback = getattr(args, "retained_dataset_name", None)
+    if options.atlas_residual == "plain" and options.atlas_retained_dataset is None and fallback is None:
+        return
+    retained = options.retained_dataset(fallback, getattr(args, "retained_dataset_split", "train"))
+    options.fit(trainer.model, trainer.processing_class, trainer.accelerator.is_local_main_process, retained)
