@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         "module_atlas_over_lora": {
             k: round(module_speed["atlas"][k] / module_speed["lora"][k], 3) for k in module_inputs
         },
+        # the adapted module's extra time over the whole frozen model's: the overhead free of whole-model noise
+        "module_overhead_vs_frozen_model": {
+            k: round((module_speed["atlas"][k] - module_speed["frozen"][k]) / speed["frozen"][k], 4)
+            for k in module_inputs
+        },
         "fit_atlas_seconds": round(fit.seconds, 3),
         "fit_tokens": fit.tokens,
         "fit_passes": fit.passes,
