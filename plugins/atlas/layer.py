@@ -15,9 +15,10 @@ adapter. The atlas holds, for regions k = 1..K:
 Definitions, per token (these are kinfolk's choices where the paper's tables leave the formula open):
 
 - Soft routing: `w_k(h) = softmax_k(−‖h − μ_k‖² / τ)` (computed without the `‖h‖²` term, which cancels, and with
-  the centres taken about their mean for float32 accuracy). `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting
-  tokens, the gap between each token's second-nearest and nearest centre: at temperature 1 a typical retained
-  token weighs its own region e times more than the runner-up, whatever the activation scale.
+  the centres taken about their mean for float32 accuracy), with
+  `τ = routing_temperature · median_t(‖h_t − μ_(2)‖² − ‖h_t − μ_(1)‖²)` over the fitting tokens, the median gap
+  between each token's second-nearest and nearest centre: at temperature 1 a typical retained token weighs its own
+  region e times more than the runner-up, whatever the activation scale. One region: w = 1 (τ is unused).
 - Reference centre and centred state: `c(h) = Σ_k w_k(h) μ_k`, `x = h − c(h)`.
 - Attenuation weights: `γ_{k,j} = λ_{k,j} / (λ_{k,j} + σ²_k) ∈ [0, 1)`: a direction far above its region's noise
   floor (one the retained geometry strongly represents) is almost removed, one at the floor is halved, and an
@@ -44,8 +45,8 @@ Residual variants (`AtlasConfig.residual`) and their row in the paper's Table 14
 | `"output_filter"`   | Output filter            | `ρ(h) · N'(h) B tanh(A x)`          |
 | `"atlas"`           | ATLAS (Table 2, full)    | `ρ(h) · N'(h) B tanh(A N(h) x)`     |
 
-The full method composes both filters with the PCA scale: the residual "reads the centred, filtered state and emits
-a filtered update". The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
+The full method composes both filters with the PCA scale: the shared residual sees the centred state with the
+retained directions attenuated, and its update is attenuated the same way on the output side. The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
 `x = h`, `N = N' = I`, `ρ = 1`, so every variant except distance scaling reduces to the plain residual.
 
 The residual is nonlinear in `h`, so it has no weight delta: `merge` refuses, `unload` drops the adapter.
