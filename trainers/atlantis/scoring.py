@@ -146,9 +146,13 @@ def score_batches(
     )
     for rows in batches:
         batch = pad_right([input_ids[row] for row in rows], [labels[row] for row in rows], pad_token_id)
-        batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+        # Right padding under causal attention: a real token never sees the padding after it, and padded positions
+        # carry no label, so no attention mask is needed; without one, SDPA takes its fused causal kernel instead
+        # of materialising a (batch, heads, T, T) mask.
         with torch.inference_mode(), autocast:
-            log_probs, mask = label_log_probs(model, **batch)
+            log_probs, mask = label_log_probs(
+                model, batch["input_ids"].to(device, non_blocking=True), None, batch["labels"].to(device)
+            )
             sums = log_probs.double().sum(dim=-1)
         yield list(rows), sums.cpu().numpy(), mask.sum(dim=-1).cpu().numpy()
 
