@@ -135,6 +135,8 @@ def main() -> None:
         "padding_fraction": 1 - total_tokens / padded_tokens,
         "batches": len(batches),
         "bound_row_width": width,
+        # how much batching can gain at all here: on one CPU thread a batch-1 forward is already compute-bound
+        "bound_over_loop": bound_tokens / times["bound"] / (total_tokens / times["loop"]),
         "parameters": sum(p.numel() for p in model.parameters()),
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
