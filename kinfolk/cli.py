@@ -22,9 +22,14 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "sft": ("kinfolk.trainers.sft_cli", "`trl sft` with WeightedSFTTrainer: per-example weights, prompt loss weight"),
     "score": (
         "kinfolk.trainers.atlantis.cli",
         "ATLANTIS: score an SFT dataset with three models, add a weight column",
+    ),
+    "merge": (
+        "kinfolk.plugins.adapt.cli",
+        "ADAPT merges: init-student, delta, delta-cosine, apply-delta, patch, interpolate",
     ),
 }
 

@@ -73,6 +73,16 @@ class TensorReader:
             view = handle.get_slice(name)
             return tuple(view.get_shape()), view.get_dtype()
 
+    def manifest(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor's shape and safetensors dtype string, read from the headers (each file opened once)."""
+        entries = {}
+        for file in self.files:
+            with safe_open(self.directory / file, framework="pt") as handle:
+                for name in sorted(handle.keys()):
+                    view = handle.get_slice(name)
+                    entries[name] = (tuple(view.get_shape()), view.get_dtype())
+        return dict(sorted(entries.items()))
+
     def metadata(self) -> dict[str, str]:
         """The string metadata stored in the first file's header (where kinfolk records provenance)."""
         with safe_open(self.directory / self.files[0], framework="pt") as handle:

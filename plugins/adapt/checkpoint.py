@@ -1,0 +1,184 @@
+"""The inputs of a merge, opened lazily: a model (or delta) directory's tensor manifest, config, layout and layer map.
+
+Opening reads only JSON files and safetensors headers, so a plan can check every name, shape and dtype of
+several multi-gigabyte checkpoints before a single tensor is loaded. `compare_manifests` is the one place that
+decides whether two checkpoints line up; its errors name the first mismatching tensor and what is wrong with it.
+
+>>> left = {"a": ((2,), "F32"), "b": ((3,), "F32")}
+>>> try:
+...     compare_manifests("apply-delta", "init", left, "delta", {"a": ((2,), "F32"), "b": ((4,), "F32")})
+... except TensorMismatchError as error:
+...     print(error.kind, error.tensor, "|", error)
+shape b | apply-delta: tensor 'b' has shape (3,) in init but (4,) in delta (1 mismatching tensor)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from kinfolk.layout import ModelLayout, check_state_dict_layout, layout_from_config
+from kinfolk.plugins.adapt.layer_map import LayerMap
+from kinfolk.tensors import TensorReader
+
+Manifest = dict[str, tuple[tuple[int, ...], str]]
+DELTA_FILE = "adapt_delta.json"
+DELTA_FORMAT = "kinfolk-adapt-delta"
+
+# safetensors header dtype strings <-> torch dtypes
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """An input directory that is not the kind of checkpoint the operation needs."""
+
+
+class TensorMismatchError(ValueError):
+    """Two inputs whose tensors do not line up; `kind` is missing, extra, shape or dtype and `tensor` the name."""
+
+    def __init__(self, message: str, kind: str, tensor: str):
+        super().__init__(message)
+        self.kind, self.tensor = kind, tensor
+
+
+class LayerMapMismatchError(ValueError):
+    """Inputs built on different layer maps (e.g. a delta from another layer selection)."""
+
+
+@dataclass
+class Checkpoint:
+    """One opened input: `role` is its name in the config (teacher, student, init, delta, a, b, ...)."""
+
+    role: str
+    path: Path
+    reader: TensorReader
+    manifest: Manifest
+    config: PretrainedConfig
+    layout: ModelLayout
+    layer_map: LayerMap | None
+    delta_info: dict[str, Any] | None = None
+
+    @classmethod
+    def open_model(cls, role: str, path: str | Path) -> Checkpoint:
+        """A Hugging Face model directory (config.json plus safetensors weights) of a supported architecture."""
+        path = _existing_directory(role, path)
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{role}: {path} has no config.json, so it is not a model directory")
+        config = AutoConfig.from_pretrained(path)
+        return cls._open(role, path, config, delta_info=None)
+
+    @classmethod
+    def open_delta(cls, role: str, path: str | Path) -> Checkpoint:
+        """A delta directory written by `kinfolk merge delta` (safetensors plus adapt_delta.json)."""
+        path = _existing_directory(role, path)
+        if not (path / DELTA_FILE).exists():
+            raise CheckpointError(
+                f"{role}: {path} has no {DELTA_FILE}, so it is not a delta; make one with `kinfolk merge delta`"
+            )
+        info = json.loads((path / DELTA_FILE).read_text())
+        if info.get("format") != DELTA_FORMAT:
+            raise CheckpointError(
+                f"{role}: {path / DELTA_FILE} is not a kinfolk delta (format {info.get('format')!r})"
+            )
+        config_values = dict(info["config"])
+        config = AutoConfig.for_model(config_values.pop("model_type"), **config_values)
+        return cls._open(role, path, config, delta_info=info)
+
+    @classmethod
+    def _open(cls, role: str, path: Path, config: PretrainedConfig, delta_info: dict | None) -> Checkpoint:
+        try:
+            reader = TensorReader(path)
+        except FileNotFoundError as error:
+            raise CheckpointError(f"{role}: {error}") from None
+        manifest = reader.manifest()
+        try:
+            layout = layout_from_config(config)
+            check_state_dict_layout(layout, manifest)
+        except ValueError as error:
+            raise type(error)(f"{role} ({path}): {error}") from None
+        if delta_info is not None:
+            layer_map = LayerMap.from_dict(delta_info["layer_map"]) if delta_info.get("layer_map") else None
+        else:
+            layer_map = LayerMap.find(path)
+        return cls(role, path, reader, manifest, config, layout, layer_map, delta_info)
+
+    def layer_tensors(self, layer: int) -> list[str]:
+        """Names of the tensors of decoder layer `layer`."""
+        return [name for name in self.manifest if self.layout.layer_of(name) == layer]
+
+    def non_layer_tensors(self) -> list[str]:
+        return [name for name in self.manifest if self.layout.layer_of(name) is None]
+
+    def head_tensor(self) -> str:
+        """The tensor that serves as this model's LM head: `lm_head.weight`, or the embeddings when tied and unsaved."""
+        head = f"{self.layout.lm_head}.weight"
+        if head in self.manifest:
+            return head
+        if self.layout.tied_embeddings:
+            return f"{self.layout.embeddings}.weight"
+        raise CheckpointError(f"{self.role}: {self.path} has no {head} and does not tie its embeddings")
+
+
+def _existing_directory(role: str, path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{role}: {path} is not a directory")
+    return path
+
+
+def compare_manifests(
+    op: str, left_role: str, left: Manifest, right_role: str, right: Manifest, check_dtype: bool = True
+) -> None:
+    """Raise `TensorMismatchError` for the first tensor (in name order) that differs between two manifests."""
+    problems = []
+    for name in sorted(set(left) | set(right)):
+        if name not in right:
+            problems.append(("missing", name, f"tensor {name!r} of {left_role} is missing from {right_role}"))
+        elif name not in left:
+            problems.append(("extra", name, f"tensor {name!r} of {right_role} is not in {left_role}"))
+        elif left[name][0] != right[name][0]:
+            detail = f"has shape {left[name][0]} in {left_role} but {right[name][0]} in {right_role}"
+            problems.append(("shape", name, f"tensor {name!r} {detail}"))
+        elif check_dtype and left[name][1] != right[name][1]:
+            detail = f"is {left[name][1]} in {left_role} but {right[name][1]} in {right_role}"
+            problems.append(("dtype", name, f"tensor {name!r} {detail} (set strict_dtypes: false to combine them)"))
+    if problems:
+        kind, name, message = problems[0]
+        count = f"{len(problems)} mismatching tensor" + ("s" if len(problems) > 1 else "")
+        raise TensorMismatchError(f"{op}: {message} ({count})", kind, name)
+
+
+def same_layer_map(op: str, first: Checkpoint, second: Checkpoint, allow_one_missing: bool = False) -> LayerMap | None:
+    """The layer map two inputs share; refuse two different maps (and, unless allowed, a map on one side only)."""
+    maps = {checkpoint.role: checkpoint.layer_map for checkpoint in (first, second)}
+    present = {role: layer_map for role, layer_map in maps.items() if layer_map is not None}
+    if len(present) == 2 and first.layer_map != second.layer_map:
+        raise LayerMapMismatchError(
+            f"{op}: {first.role} and {second.role} were built on different layer maps "
+            f"({first.role}: {first.layer_map.describe()}; {second.role}: {second.layer_map.describe()})"
+        )
+    if len(present) == 1 and not allow_one_missing:
+        (has,) = present
+        lacks = second.role if has == first.role else first.role
+        raise LayerMapMismatchError(
+            f"{op}: {has} was built on a layer map ({present[has].describe()}) but {lacks} has none, so they "
+            f"cannot be checked to match; was {lacks} made by `kinfolk merge init-student`?"
+        )
+    return next(iter(present.values()), None)

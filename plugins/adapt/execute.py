@@ -1,0 +1,126 @@
+"""Carry out a merge plan out of core: one output tensor at a time, sharded, into a directory that appears whole.
+
+Each planned tensor is computed from its input tensors, read one at a time from the safetensors files, and handed
+to `kinfolk.tensors.ShardedWriter`; memory holds at most the pending output shard plus the few tensors of one
+recipe. Everything is written inside `kinfolk.atomic.atomic_directory`, so an interrupted merge leaves nothing at
+the destination. Beside the weights go the config, the config donor's tokenizer and other small files, the
+layer map and `kinfolk_merge.json` (provenance: op, config, fingerprints of the inputs, versions). Outputs are
+deterministic: the same inputs and config give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from kinfolk import __version__
+from kinfolk.atomic import atomic_directory, check_destination, directory_fingerprint, write_json
+from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint
+from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
+from kinfolk.plugins.adapt.plan import MergePlan, ModelPlan, PlannedTensor
+from kinfolk.tensors import INDEX_FILE, ShardedWriter
+
+PROVENANCE_FILE = "kinfolk_merge.json"
+FAMILY_FILE = "family.json"
+# Files of the config donor that are not copied: weights (the merge writes its own), the config (rewritten) and
+# kinfolk's own records of the donor's history.
+_NOT_COPIED = ("*.safetensors", INDEX_FILE, "*.bin", "*.bin.index.json", "*.pt", "*.pth", "*.gguf", "*.h5")
+_REWRITTEN = {"config.json", LAYER_MAP_FILE, PROVENANCE_FILE, FAMILY_FILE, "adapt_delta.json", "README.md"}
+
+
+class MergeError(ValueError):
+    """A tensor the plan cannot compute (e.g. an integer tensor in a weighted sum)."""
+
+
+def materialise(tensor: PlannedTensor, inputs: dict[str, Checkpoint]) -> torch.Tensor:
+    """Compute one planned tensor; sums run in float32 (float64 if any side is float64) and are cast at the end."""
+    out_dtype = SAFETENSORS_DTYPES[tensor.dtype]
+    terms = tensor.terms
+    if len(terms) == 1 and terms[0].weight == 1:
+        return inputs[terms[0].source].reader.get(terms[0].tensor).to(out_dtype)
+    source_dtypes = {inputs[term.source].manifest[term.tensor][1] for term in terms}
+    if not source_dtypes <= {"F64", "F32", "BF16", "F16"}:
+        raise MergeError(
+            f"tensor {tensor.name!r} is {sorted(source_dtypes)}: only floating-point tensors can be summed"
+        )
+    compute = torch.float64 if "F64" in source_dtypes or out_dtype == torch.float64 else torch.float32
+    result = None
+    for term in terms:  # one input tensor in memory at a time, beside the running sum
+        value = inputs[term.source].reader.get(term.tensor).to(compute)
+        if result is None:
+            result = value if term.weight == 1 else value.mul_(term.weight)
+        else:
+            result.add_(value, alpha=term.weight)
+        del value
+    return result.to(out_dtype)
+
+
+def _copy_donor_files(source: Path, destination: Path) -> None:
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.name not in _REWRITTEN and not any(path.match(p) for p in _NOT_COPIED):
+            shutil.copyfile(path, destination / path.name)
+
+
+def _provenance(plan: MergePlan, model: ModelPlan, fingerprints: dict[str, str]) -> dict[str, Any]:
+    return {
+        "tool": "kinfolk merge",
+        "op": plan.op,
+        "kinfolk_version": __version__,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "config": plan.config.to_dict(),
+        "inputs": {
+            role: {"path": str(checkpoint.path), "fingerprint": fingerprints[role]}
+            for role, checkpoint in plan.inputs.items()
+        },
+        "output": {**model.summary, "num_tensors": len(model.tensors), "bytes": model.nbytes},
+    }
+
+
+def execute(plan: MergePlan, out: str | Path, overwrite: bool = False, progress: bool = True) -> Path:
+    """Write every model of `plan` under `out` (refused if it exists, unless `overwrite`); returns `out`."""
+    destination = check_destination(out, overwrite)
+    total = sum(model.nbytes for model in plan.models)
+    # Hashing the inputs for provenance overlaps with the merge (hashlib releases the GIL).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = {role: pool.submit(directory_fingerprint, cp.path) for role, cp in plan.inputs.items()}
+        try:
+            with (
+                atomic_directory(destination, overwrite) as staging,
+                tqdm(total=total, unit="B", unit_scale=True, desc=f"merge {plan.op}", disable=not progress) as bar,
+            ):
+                for model in plan.models:
+                    directory = staging / model.subdir
+                    with ShardedWriter(directory, plan.config.max_shard_bytes, model.metadata) as writer:
+                        for tensor in model.tensors:
+                            writer.add(tensor.name, materialise(tensor, plan.inputs))
+                            bar.update(tensor.nbytes)
+                    _write_companions(plan, model, directory)
+                fingerprints = {role: future.result() for role, future in hashing.items()}
+                for model in plan.models:
+                    write_json(staging / model.subdir / PROVENANCE_FILE, _provenance(plan, model, fingerprints))
+                if any(model.subdir for model in plan.models):
+                    family = [{"dir": model.subdir, **model.summary} for model in plan.models]
+                    write_json(staging / FAMILY_FILE, {"op": plan.op, "models": family})
+        except BaseException:
+            for future in hashing.values():
+                future.cancel()
+            raise
+    return destination
+
+
+def _write_companions(plan: MergePlan, model: ModelPlan, directory: Path) -> None:
+    if model.donor is not None:
+        _copy_donor_files(plan.inputs[model.donor].path, directory)
+    if model.config is not None:
+        model.config.save_pretrained(directory)
+    if model.layer_map is not None:
+        model.layer_map.save(directory)
+    for name, payload in model.files.items():
+        write_json(directory / name, payload)

@@ -1,0 +1,243 @@
+"""DistillationTrainer against a hand-written loss on full logits, SFTTrainer identities and its two-phase order."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+from kinfolk.plugins.adapt import LayerMap, merge
+from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
+from kinfolk.trainers import DistillationConfig, DistillationTrainer
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_kit, tmp_path_factory):
+    """Per architecture: a 4-layer teacher and a 2-layer student (init-student, then perturbed so that the KL and
+    cosine terms are far from zero)."""
+    root = tmp_path_factory.mktemp("distill")
+    tokenizer = tiny_kit.tokenizer()
+    result = {}
+    for architecture in ("llama", "gemma2"):
+        teacher = tiny_kit.model_dir(architecture, "large")
+        init = merge({"op": "init-student", "teacher": str(teacher), "layers": {"layers": [0, 1]}},
+                     root / f"{architecture}-init", progress=False)  # fmt: skip
+        student = perturbed_copy(AutoModelForCausalLM.from_pretrained(init), scale=0.05, seed=3)
+        save_model(student, tokenizer, root / f"{architecture}-student")
+        LayerMap.load(init).save(root / f"{architecture}-student")
+        result[architecture] = {"teacher": teacher, "student": root / f"{architecture}-student"}
+    return result
+
+
+def make_args(tmp_path, **overrides):
+    values = {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "report_to": [],
+              "per_device_train_batch_size": 4, "save_strategy": "no", "logging_steps": 1, "seed": 0}  # fmt: skip
+    values.update(overrides)
+    return DistillationConfig(**values)
+
+
+def make_trainer(pair, tmp_path, tokenizer, pretraining=None, **overrides):
+    return DistillationTrainer(
+        model=str(pair["student"]),
+        teacher_model=str(pair["teacher"]),
+        args=make_args(tmp_path, **overrides),
+        train_dataset=prompt_completion_dataset(8),
+        pretraining_dataset=pretraining,
+        processing_class=tokenizer,
+    )
+
+
+def first_batch(trainer):
+    trainer.model.train()
+    return trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+
+
+def layer_outputs(model, inputs):
+    """Full-logit forward with each decoder layer's own output recorded by forward hooks."""
+    outputs = []
+    handles = [
+        layer.register_forward_hook(lambda module, args, output: outputs.append(output[0] if isinstance(output, tuple) else output))
+        for layer in model.model.layers
+    ]  # fmt: skip
+    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    for handle in handles:
+        handle.remove()
+    return logits.float(), outputs
+
+
+def reference_loss(pair, inputs, kl_weight, cosine_weight, temperature, aligned):
+    student = AutoModelForCausalLM.from_pretrained(pair["student"])
+    teacher = AutoModelForCausalLM.from_pretrained(pair["teacher"]).eval()
+    student_logits, student_layers = layer_outputs(student, inputs)
+    with torch.no_grad():
+        teacher_logits, teacher_layers = layer_outputs(teacher, inputs)
+    labels = inputs["labels"][:, 1:]
+    mask = labels != -100
+    count = mask.sum()
+    log_probs = student_logits[:, :-1].log_softmax(-1)
+    ce = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask].sum() / count
+    student_soft = (student_logits[:, :-1] / temperature).log_softmax(-1)[mask]
+    teacher_soft = (teacher_logits[:, :-1] / temperature).log_softmax(-1)[mask]
+    kl = (teacher_soft.exp() * (teacher_soft - student_soft)).sum() / count
+    cosine = (
+        sum(
+            (1 - F.cosine_similarity(student_layers[i][:, :-1][mask], teacher_layers[t][:, :-1][mask], dim=-1)).sum()
+            for i, t in enumerate(aligned)
+        )
+        / count
+    )
+    return ce + kl_weight * temperature**2 * kl + cosine_weight * cosine
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2"])
+def test_loss_matches_full_logit_reference(pairs, tmp_path, tiny_tokenizer, architecture):
+    pair = pairs[architecture]
+    trainer = make_trainer(pair, tmp_path, tiny_tokenizer, kl_weight=0.5, temperature=2.0)
+    assert trainer.cosine_weight == pytest.approx(10 / 3)  # ADAPT default 10 / (M + 1), M = 2
+    inputs = first_batch(trainer)
+    loss = trainer.compute_loss(trainer.model, dict(inputs))
+    expected = reference_loss(pair, inputs, 0.5, 10 / 3, 2.0, aligned=[0, 3])  # blocks [0, 1) and [1, 4)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    assert trainer._metrics["train"]["distill/kl"][-1] > 0
+
+
+def test_zero_weights_reproduce_sft_trainer(pairs, tmp_path, tiny_tokenizer):
+    pair = pairs["llama"]
+    trainer = make_trainer(pair, tmp_path, tiny_tokenizer, kl_weight=0.0, cosine_weight=0.0)
+    inputs = first_batch(trainer)
+    sft = SFTTrainer(
+        model=str(pair["student"]),
+        args=SFTConfig(output_dir=str(tmp_path / "sft"), use_cpu=True, bf16=False, report_to=[]),
+        train_dataset=prompt_completion_dataset(8),
+        processing_class=tiny_tokenizer,
+    )
+    distilled_loss = trainer.compute_loss(trainer.model, dict(inputs), num_items_in_batch=torch.tensor(37))
+    sft_loss = sft.compute_loss(sft.model, dict(inputs), num_items_in_batch=torch.tensor(37))
+    assert torch.equal(distilled_loss, sft_loss)
+
+
+def test_student_identical_to_teacher_has_no_distillation_loss(tiny_kit, tmp_path, tiny_tokenizer):
+    teacher = tiny_kit.model_dir("qwen3", "large")
+    student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 1}}, tmp_path / "same",
+                    progress=False)  # fmt: skip
+    trainer = make_trainer({"teacher": teacher, "student": student}, tmp_path, tiny_tokenizer, kl_weight=1.0)
+    inputs = first_batch(trainer)
+    trainer.compute_loss(trainer.model, dict(inputs))
+    assert trainer._metrics["train"]["distill/kl"][-1] == pytest.approx(0, abs=1e-6)
+    assert trainer._metrics["train"]["distill/cosine_distance"][-1] == pytest.approx(0, abs=1e-6)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_gradients_are_the_same_with_gradient_checkpointing(pairs, tmp_path, tiny_tokenizer, reentrant):
+    def gradients(checkpointing):
+        trainer = make_trainer(pairs["gemma2"], tmp_path, tiny_tokenizer, gradient_checkpointing=checkpointing,
+                               gradient_checkpointing_kwargs={"use_reentrant": reentrant})  # fmt: skip
+        trainer.model.train()
+        trainer.compute_loss(trainer.model, dict(first_batch(trainer))).backward()
+        return {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+
+    plain, checkpointed = gradients(False), gradients(True)
+    assert sorted(plain) == sorted(checkpointed)
+    assert any("layers.0." in name for name in plain)
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-4, atol=1e-6)
+
+
+def test_two_phases_in_order_under_one_schedule(pairs, tmp_path, tiny_tokenizer):
+    pair = pairs["llama"]
+    trainer = make_trainer(pair, tmp_path, tiny_tokenizer, pretraining=text_dataset(8, seed=1), max_steps=4)
+    assert trainer._phase_sizes == (8, 8)
+    batches = list(trainer.get_train_dataloader())
+    pretraining_rows = {tuple(row) for row in trainer.train_dataset.select(range(8))["input_ids"]}
+    for position, batch in enumerate(batches):
+        rows = {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(batch["input_ids"], batch["attention_mask"])}
+        in_phase_one = rows <= pretraining_rows
+        assert in_phase_one == (position < 2), position
+        trained = batch["labels"] != -100
+        # phase 1 trains on every real token, phase 2 on the responses only
+        assert torch.equal(trained, batch["attention_mask"].bool()) == in_phase_one
+    teacher_before = {k: v.clone() for k, v in trainer.teacher_model.state_dict().items()}
+    student_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    rates = [row["learning_rate"] for row in trainer.state.log_history if "learning_rate" in row]
+    expected = [3e-4 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * step / 4))).item() for step in range(4)]
+    assert rates == pytest.approx(expected, rel=1e-5)  # one cosine over both phases, no restart at the boundary
+    assert not trainer.teacher_model.training
+    assert all(not p.requires_grad for p in trainer.teacher_model.parameters())
+    for name, value in trainer.teacher_model.state_dict().items():
+        assert torch.equal(value, teacher_before[name]), name
+    assert any(not torch.equal(v, student_before[k]) for k, v in trainer.model.state_dict().items())
+    trainer.save_model()
+    assert LayerMap.load(tmp_path / "out") == LayerMap.load(pair["student"])
+
+
+def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, tiny_tokenizer):
+    pair = pairs["llama"]
+    model = AutoModelForCausalLM.from_pretrained(pair["student"])
+    model.name_or_path = ""  # built in memory: no directory to find a map in
+    with pytest.raises(ValueError, match="no layer map"):
+        DistillationTrainer(model=model, teacher_model=str(pair["teacher"]), args=make_args(tmp_path),
+                            train_dataset=prompt_completion_dataset(4), processing_class=tiny_tokenizer)  # fmt: skip
+    with pytest.raises(ValueError, match="does not fit a 2-layer student and a 2-layer teacher"):
+        DistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
+                            args=make_args(tmp_path), train_dataset=prompt_completion_dataset(4),
+                            processing_class=tiny_tokenizer)  # fmt: skip
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from kinfolk.testing import prompt_completion_dataset, text_dataset
+    from kinfolk.trainers import DistillationConfig, DistillationTrainer
+    from transformers import AutoTokenizer
+
+    student, teacher, out = sys.argv[1:4]
+    args = DistillationConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=2,
+                              gradient_accumulation_steps=2, logging_steps=1, save_strategy="no", max_steps=3)
+    trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args,
+                                  train_dataset=prompt_completion_dataset(8), pretraining_dataset=text_dataset(8),
+                                  processing_class=AutoTokenizer.from_pretrained(student))
+    trainer.train()
+    trainer.save_model()
+    if trainer.accelerator.is_main_process:
+        print("world", trainer.accelerator.num_processes, "kl", trainer.state.log_history[0]["distill/kl"])
+    """
+)
+
+
+@pytest.mark.slow
+def test_trains_under_accelerate_launch_with_two_processes(pairs, tmp_path):
+    pair = pairs["llama"]
+    script = tmp_path / "distill.py"
+    script.write_text(SCRIPT)
+    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    # --multi_gpu on a machine without GPUs starts two gloo (MULTI_CPU) processes through torchrun
+    command = [
+        launcher,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        str(script),
+        str(pair["student"]),
+        str(pair["teacher"]),
+        str(tmp_path / "o"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "world 2 kl" in done.stdout
+    assert LayerMap.load(tmp_path / "o") == LayerMap.load(pair["student"])

@@ -1,0 +1,298 @@
+"""`DistillationTrainer`: boomerang / ADAPT distillation of a layer-subset student from its frozen teacher.
+
+Built on TRL's `SFTTrainer`, so data preparation, completion / assistant masks, packing, padding-free batches,
+gradient accumulation and logging are the SFT trainer's own. On top of its cross-entropy (computed by TRL's fused
+LM head) it adds, over the same trained tokens,
+
+    kl_weight · T² · KL(teacher ‖ student)           next-token distributions, chunked over the vocabulary;
+    cosine_weight · Σ_i (1 − cos(h_i, g_i))           h_i: output of student layer i, g_i: output of the last
+                                                      teacher layer of block i (from the layer map).
+
+Two phases, one schedule: `pretraining_dataset` (plain text, every token trained) is seen first and
+`train_dataset` (SFT data, response-only loss as SFTTrainer decides it) second, within one epoch and one
+continuous learning-rate schedule. Give only `train_dataset` for a single phase. The teacher is frozen, in eval
+mode and never wrapped for gradients.
+
+    trainer = DistillationTrainer(
+        model="students/base-init",            # from `kinfolk merge init-student`, holds adapt_layer_map.json
+        teacher_model="Qwen/Qwen3-4B-Base",
+        args=DistillationConfig(output_dir="students/base-distilled"),
+        pretraining_dataset=pile_sample,       # {"text": ...}
+        train_dataset=sft_data,                # prompt / completion or messages
+    )
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset, concatenate_datasets
+from torch import nn
+from torch.utils.data import Sampler
+from transformers import PreTrainedModel
+from trl import SFTTrainer
+from trl.models import prepare_deepspeed
+from trl.trainer.utils import create_model_from_path
+
+from kinfolk.divergence import OutputHead, chunked_divergence
+from kinfolk.layout import decoder_layers, layout_from_config
+from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
+from kinfolk.trainers.distillation_config import DistillationConfig
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class _LayerOutputs:
+    """Records, during one forward pass, the outputs of chosen decoder layers and the final-norm output.
+
+    A layer's output is read as the input of what comes next (the next layer, or the final norm for the last
+    layer) through pre-hooks: those run outside gradient checkpointing's recomputed region, so the recorded
+    tensors carry gradients whatever checkpointing mode is used. Only the first forward pass in a `record()`
+    block is kept.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[int]):
+        base = _unwrap(model)
+        layout = layout_from_config(base.config)
+        modules = decoder_layers(base)
+        final_norm = base.get_submodule(layout.final_norm)
+        self.outputs: dict[Any, torch.Tensor] | None = None
+        for layer in layers:
+            following = modules[layer + 1] if layer + 1 < len(modules) else final_norm
+            following.register_forward_pre_hook(self._keep_input(layer), with_kwargs=True)
+        final_norm.register_forward_hook(self._keep_output("final"))
+
+    def _keep(self, key: Any, tensor: torch.Tensor) -> None:
+        if self.outputs is not None and key not in self.outputs:
+            self.outputs[key] = tensor
+
+    def _keep_input(self, key: Any):
+        def hook(module, args, kwargs):
+            self._keep(key, args[0] if args else kwargs["hidden_states"])
+
+        return hook
+
+    def _keep_output(self, key: Any):
+        def hook(module, args, output):
+            self._keep(key, output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[dict[Any, torch.Tensor]]:
+        self.outputs = {}
+        try:
+            yield self.outputs
+        finally:
+            self.outputs = None
+
+
+class PhaseSampler(Sampler[int]):
+    """All rows of phase 1 (shuffled), then all rows of phase 2 (shuffled), ...: the same order on every rank.
+
+    >>> sampler = PhaseSampler((3, 2), seed=0)
+    >>> order = list(sampler)
+    >>> sorted(order[:3]), sorted(order[3:])
+    ([0, 1, 2], [3, 4])
+    """
+
+    def __init__(self, sizes: tuple[int, ...], seed: int, shuffle: bool = True):
+        self.sizes, self.seed, self.shuffle, self.epoch = tuple(sizes), seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        offset = 0
+        for size in self.sizes:
+            order = torch.randperm(size, generator=generator) if self.shuffle else torch.arange(size)
+            yield from (order + offset).tolist()
+            offset += size
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+
+def distillation_kl(
+    student_hidden: torch.Tensor,
+    student: PreTrainedModel,
+    teacher_hidden: torch.Tensor,
+    teacher: PreTrainedModel,
+    temperature: float,
+) -> torch.Tensor:
+    """Σ over rows of KL(teacher ‖ student) at temperature T, from final hidden states (N, H) and the LM heads,
+    chunked over tokens and vocabulary (no (N, V) logits). Differentiable in the student only."""
+    per_token = chunked_divergence(
+        student_hidden,
+        OutputHead.of(student),
+        teacher_hidden.to(student_hidden.device),
+        OutputHead.of(teacher),
+        kind="forward_kl",
+        temperature=temperature,
+    )
+    return per_token.sum()
+
+
+def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> LayerMap:
+    """An explicit map, else the one saved in the student's directory."""
+    if isinstance(layer_map, LayerMap):
+        return layer_map
+    if layer_map is not None:
+        return LayerMap.load(layer_map)
+    directory = model if isinstance(model, (str, Path)) else getattr(_unwrap(model), "name_or_path", None)
+    found = LayerMap.find(directory) if directory and Path(directory).is_dir() else None
+    if found is None:
+        raise ValueError(
+            f"no layer map: the student ({directory or type(model).__name__}) has no {LAYER_MAP_FILE}; pass "
+            "args.layer_map (or layer_map=) with the map from `kinfolk merge init-student`"
+        )
+    return found
+
+
+class DistillationTrainer(SFTTrainer):
+    """SFTTrainer + frozen teacher: CE + λ_KL·T²·KL + λ_cos·Σ(1 − cos), optionally after a pre-training phase."""
+
+    _tag_names: ClassVar[list[str]] = ["trl", "sft", "kinfolk", "distillation"]
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        teacher_model: str | PreTrainedModel,
+        args: DistillationConfig | None = None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        processing_class=None,
+        pretraining_dataset: Dataset | None = None,
+        layer_map: LayerMap | str | None = None,
+        **kwargs,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = DistillationConfig(f"{Path(str(name)).name}-distilled")
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError("DistillationTrainer computes its own loss; compute_loss_func is not supported")
+        self.layer_map = resolve_layer_map(layer_map or args.layer_map, model)
+        super().__init__(
+            model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=processing_class, **kwargs,
+        )  # fmt: skip
+        self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
+
+        if isinstance(teacher_model, str):
+            init_kwargs = dict(args.teacher_model_init_kwargs or {})
+            if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+                init_kwargs["device_map"] = None
+            teacher_model = create_model_from_path(teacher_model, **init_kwargs)
+        teacher_model.eval().requires_grad_(False)
+        self._check_pair(_unwrap(self.model), teacher_model)
+        student_layers = self.layer_map.num_student_layers
+        self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
+        self._student_outputs = _LayerOutputs(self.model, list(range(student_layers)))
+        self._teacher_outputs = _LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
+        if self.is_deepspeed_enabled:
+            self.teacher_model = prepare_deepspeed(teacher_model, self.accelerator)
+        else:
+            self.teacher_model = self.accelerator.prepare_model(teacher_model, evaluation_mode=True)
+
+    def _check_pair(self, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
+        student_layers = layout_from_config(student.config).num_layers
+        teacher_layers = layout_from_config(teacher.config).num_layers
+        if (student_layers, teacher_layers) != (self.layer_map.num_student_layers, self.layer_map.teacher_num_layers):
+            raise ValueError(
+                f"the layer map ({self.layer_map.describe()}) does not fit a {student_layers}-layer student and a "
+                f"{teacher_layers}-layer teacher"
+            )
+        student_text, teacher_text = student.config.get_text_config(), teacher.config.get_text_config()
+        for name in ("hidden_size", "vocab_size"):
+            if getattr(student_text, name) != getattr(teacher_text, name):
+                raise ValueError(
+                    f"student and teacher differ in {name} ({getattr(student_text, name)} vs "
+                    f"{getattr(teacher_text, name)}): layer alignment and the KL term need the same width and vocabulary"
+                )
+
+    def _add_pretraining_phase(self, pretraining_dataset: Dataset | None) -> tuple[int, ...]:
+        """Prepare the pre-training text exactly as SFT data is prepared and put it before the SFT rows."""
+        if pretraining_dataset is None:
+            return (len(self.train_dataset),) if self.train_dataset is not None else ()
+        prepared = self._prepare_dataset(
+            pretraining_dataset, self.processing_class, self.args, self.args.packing, None, "pretraining"
+        )
+        columns = [name for name in ("input_ids", "labels", "seq_lengths") if name in self.train_dataset.column_names]
+        phases = [prepared.select_columns(columns), self.train_dataset.select_columns(columns)]
+        self.train_dataset = concatenate_datasets(phases)
+        return tuple(len(phase) for phase in phases)
+
+    def _get_train_sampler(self, train_dataset=None):
+        if len(self._phase_sizes) < 2:
+            return super()._get_train_sampler(train_dataset)
+        return PhaseSampler(self._phase_sizes, self.args.seed)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        with self._student_outputs.record() as student:
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, outputs = result if return_outputs else (result, None)
+        loss = loss + self._distillation_terms(inputs, student, num_items_in_batch)
+        return (loss, outputs) if return_outputs else loss
+
+    def _teacher_outputs_for(self, inputs: dict[str, Any]) -> dict[Any, torch.Tensor]:
+        teacher_inputs = {key: value for key, value in inputs.items() if key != "labels"}
+        teacher_inputs.update(use_cache=False, logits_to_keep=1)  # the teacher's logits are never needed
+        with torch.no_grad(), self._teacher_outputs.record() as teacher:
+            self.teacher_model(**teacher_inputs)
+        return teacher
+
+    def _distillation_terms(self, inputs, student: dict, num_items_in_batch) -> torch.Tensor:
+        """λ_KL·T²·KL + λ_cos·Σ(1 − cos), summed over the trained tokens and normalised like the CE term."""
+        teacher = self._teacher_outputs_for(inputs)
+        # Position t predicts label t + 1: the trained positions are those whose next label is not -100.
+        mask = inputs["labels"][:, 1:] != -100
+        tokens = mask.sum()
+
+        def trained(hidden: torch.Tensor) -> torch.Tensor:
+            return hidden[:, :-1][mask]
+
+        cosine_sum = torch.zeros((), device=mask.device)
+        for index, teacher_layer in enumerate(self.layer_map.aligned_teacher_layers):
+            similarity = F.cosine_similarity(
+                trained(student[index]).float(), trained(teacher[teacher_layer]).float(), dim=-1
+            )
+            cosine_sum = cosine_sum + (1 - similarity).sum()
+        kl_sum = torch.zeros((), device=mask.device)
+        if self.args.kl_weight:
+            unwrapped_teacher = self.accelerator.unwrap_model(self.teacher_model)
+            kl_sum = distillation_kl(
+                trained(student["final"]), _unwrap(self.accelerator.unwrap_model(self.model)),
+                trained(teacher["final"]), unwrapped_teacher, self.args.temperature,
+            )  # fmt: skip
+        temperature_scale = self.args.temperature**2
+        total = self.args.kl_weight * temperature_scale * kl_sum + self.cosine_weight * cosine_sum
+        # The same normalisation as SFTTrainer's cross-entropy, so gradient accumulation and DDP stay exact.
+        denominator = tokens if num_items_in_batch is None else num_items_in_batch
+        total = total / torch.as_tensor(denominator, device=total.device).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            total = total * (self.accelerator.num_processes // self.get_tp_size())
+        self._log_terms(kl_sum, cosine_sum, tokens)
+        return total
+
+    def _log_terms(self, kl_sum: torch.Tensor, cosine_sum: torch.Tensor, tokens: torch.Tensor) -> None:
+        mode = "train" if self.model.training else "eval"
+        sums = torch.stack([kl_sum.detach().float(), cosine_sum.detach().float(), tokens.float()])
+        kl, cosine, count = self.accelerator.gather_for_metrics(sums.unsqueeze(0)).sum(dim=0).tolist()
+        if count > 0:
+            self._metrics[mode]["distill/kl"].append(kl / count)
+            # mean over tokens of the summed per-layer cosine distance, divided by M: the mean distance per layer
+            self._metrics[mode]["distill/cosine_distance"].append(cosine / count / self.layer_map.num_student_layers)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        super()._save(output_dir, state_dict)
+        # Later stages (delta, patch) check they were given a student of the same layer map.
+        self.layer_map.save(output_dir or self.args.output_dir)
