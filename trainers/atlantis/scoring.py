@@ -199,6 +199,14 @@ def tokenize_rows(text: Dataset, model_path: str, role: str, config: ScoreConfig
         tokens = sft_tokenize(text, tokenizer, sft_args)
     except DatasetFormatError as error:
         raise DatasetFormatError(f"{role} model {model_path}: {error}") from error
+    except ValueError as error:  # TRL's own refusals, e.g. a chat template it cannot mask for assistant_only_loss
+        hint = ""
+        if sft_args.assistant_only_loss and config.assistant_only_loss is None:
+            hint = (
+                "; scoring defaults to assistant_only_loss=True for conversations: pass assistant_only_loss=False "
+                "to score every token, as SFTTrainer does by default"
+            )
+        raise DatasetFormatError(f"{role} model {model_path}: {error}{hint}") from error
     input_ids, labels = tokens["input_ids"], tokens["labels"]
     lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
     response_tokens = response_token_counts(labels)
