@@ -202,3 +202,60 @@ def flat_metrics(report: Mapping[str, Any], prefix: str) -> dict[str, float]:
     flat = {f"{prefix}/{kind}": float(report[kind]) for kind in KINDS}
     flat.update({f"{prefix}/{kind}_rate": report[f"{kind}_rate"]["estimate"] for kind in KINDS})
     return flat
+
+
+def _cell(interval: Mapping[str, float], percent: bool = True) -> str:
+    scale = 100.0 if percent else 1.0
+    return f"{scale * interval['estimate']:.2f} [{scale * interval['low']:.2f}, {scale * interval['high']:.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`kinfolk churn FROZEN ADAPTED [COMPARATOR]`: churn from lm-eval sample logs, as a markdown table."""
+    import argparse
+
+    from kinfolk.atomic import check_destination, write_json
+
+    parser = argparse.ArgumentParser(
+        prog="kinfolk churn",
+        description="Answer churn of an adapted model against the frozen one, from lm-eval samples files "
+        "(--log_samples); with a comparator, the paired reduction of each count.",
+    )
+    parser.add_argument("frozen", help="samples_<task>_*.jsonl of the frozen model")
+    parser.add_argument("adapted", help="samples file of the adapted model (the method)")
+    parser.add_argument("comparator", nargs="?", help="samples file of a comparator adapted from the same model")
+    parser.add_argument("--metric", help="per-sample correctness metric (default: the task's first)")
+    parser.add_argument("--filter", dest="filter_name", help="lm-eval filter to use when the task has several")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="paired-question bootstrap resamples")
+    parser.add_argument("--out", help="also write the numbers as JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    if args.out:
+        check_destination(args.out, args.overwrite)
+
+    def load(path):
+        return outcomes(read_samples(path), args.metric, args.filter_name)
+
+    frozen, adapted = load(args.frozen), load(args.adapted)
+    report: dict[str, Any] = {"adapted": churn_report(frozen, adapted, n_resamples=args.bootstrap)}
+    counts = report["adapted"]
+    lines = [
+        f"{counts['n']} questions; frozen accuracy {100 * counts['frozen_accuracy']:.2f}%, "
+        f"adapted {100 * counts['adapted_accuracy']:.2f}%",
+        "",
+        "| change | count | rate % [95% CI] | per |",
+        "|---|---|---|---|",
+    ]
+    per = {"C": "question", "F": "frozen-correct", "G": "frozen-wrong", "W": "frozen-wrong"}
+    lines += [f"| {kind} | {counts[kind]} | {_cell(counts[f'{kind}_rate'])} | {per[kind]} |" for kind in KINDS]
+    if args.comparator:
+        comparison = compare_churn(frozen, adapted, load(args.comparator), n_resamples=args.bootstrap)
+        report["comparison"] = comparison
+        lines += ["", "| change | adapted | comparator | reduction % [95% CI] |", "|---|---|---|---|"]
+        lines += [
+            f"| {kind} | {comparison[kind]['method']} | {comparison[kind]['comparator']} | {_cell(comparison[kind])} |"
+            for kind in (*KINDS, "F+G")
+        ]
+    print("\n".join(lines))
+    if args.out:
+        write_json(args.out, report)
+    return 0

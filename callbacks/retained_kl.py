@@ -9,10 +9,12 @@ Where the frozen distribution comes from:
 - a PEFT model: its own adapters switched off (no second copy of the weights);
 - full fine-tuning: the model as it is when training starts (saved to the output directory, so a resumed run
   measures against the same frozen model), or `reference_model`.
-By default (`cache="hidden"`) the frozen model's last hidden states are computed once at train start, so each
-measurement costs one forward pass plus the chunked head kernel (`kinfolk.divergence`). `cache="log_probs"`
-stores frozen log-probs instead (exact, or top-k with an error bound via `cache_top_k`); `cache="none"`
-recomputes the frozen side every time.
+The frozen side is computed once at train start (`kinfolk.divergence` caches), so a measurement costs one
+forward pass of the current model plus a chunked head pass, never full logits. `cache="auto"` (default) picks
+`"expectation"` where it is exact (forward KL, a PEFT model whose head is frozen and not soft-capped: one head
+projection per measurement) and `"hidden"` otherwise (frozen last hidden states; two head projections).
+`"log_probs"` stores frozen log-probs (exact, or top-k with an error bound via `cache_top_k`); `"none"`
+recomputes the frozen side at every measurement (a second forward pass).
 
     trainer = SFTTrainer(model=peft_model, args=SFTConfig(output_dir="out", eval_strategy="steps"), ...)
     trainer.add_callback(RetainedKLCallback(trainer, retained_dataset, every_n_steps=50))
@@ -33,6 +35,7 @@ from kinfolk.callbacks.drift_log import append_row
 from kinfolk.divergence import (
     DIVERGENCES,
     DisabledAdapter,
+    ExpectationCache,
     FrozenCache,
     HiddenStateCache,
     OutputHead,
@@ -43,7 +46,7 @@ from kinfolk.logprobs import pad_right
 from kinfolk.tokens import sft_tokenize
 
 POSITIONS = ("response", "all")
-CACHES = ("hidden", "log_probs", "none")
+CACHES = ("auto", "expectation", "hidden", "log_probs", "none")
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
 
 
@@ -106,7 +109,7 @@ class RetainedKLCallback(TrainerCallback):
         positions: "response" (the tokens the SFT trainer would train on) or "all".
         every_n_steps: also measure every N optimizer steps (None: only at evaluations and at the end).
         reference_model: a frozen model to compare with instead of the disabled adapter / starting model.
-        cache: "hidden" (default), "log_probs" or "none" (see the module docstring).
+        cache: "auto" (default), "expectation", "hidden", "log_probs" or "none" (see the module docstring).
         cache_top_k: with cache="log_probs", keep the k most likely tokens (None: the whole vocabulary).
         divergence: "forward_kl" (KL(frozen‖current), the default), "reverse_kl" or "jsd" (with `beta`).
         batch_size, max_length: measurement batches (max_length default: the trainer's, else 1024).
@@ -122,7 +125,7 @@ class RetainedKLCallback(TrainerCallback):
         positions: str = "response",
         every_n_steps: int | None = None,
         reference_model: torch.nn.Module | None = None,
-        cache: str = "hidden",
+        cache: str = "auto",
         cache_top_k: int | None = None,
         divergence: str = "forward_kl",
         beta: float = 0.5,
@@ -153,6 +156,7 @@ class RetainedKLCallback(TrainerCallback):
         self.batches = retained_batches(retained_dataset, tokenizer, positions, max_length, batch_size, sft_args)
         self.frozen = None
         self.frozen_description = ""
+        self.cache_used = cache
         self._last_step = None
 
     # -- set-up -----------------------------------------------------------------------------------------------
@@ -174,43 +178,59 @@ class RetainedKLCallback(TrainerCallback):
         rank = self.trainer.args.process_index
         return Path(self.trainer.args.output_dir) / FROZEN_CACHE_FILE.format(rank=f".rank{rank}" if rank else "")
 
+    def _cache_kind(self, model: torch.nn.Module, is_peft: bool) -> str:
+        if self.cache != "auto":
+            return self.cache
+        head = OutputHead.of(model)
+        frozen_head = not head.weight.requires_grad and (head.bias is None or not head.bias.requires_grad)
+        linear = head.softcap is None
+        if is_peft and self.reference_model is None and self.divergence == "forward_kl" and frozen_head and linear:
+            return "expectation"
+        return "hidden"
+
+    def _build(self, kind: str, model: torch.nn.Module, batches, disable_adapter: bool):
+        if kind == "expectation":
+            return ExpectationCache.build(model, batches, disable_adapter=disable_adapter)
+        if kind == "hidden":
+            return HiddenStateCache.build(model, batches, disable_adapter=disable_adapter)
+        return FrozenCache.build(model, batches, self.cache_top_k, disable_adapter=disable_adapter)
+
     def _build_frozen(self, state) -> None:
         model = self._model()
         device = OutputHead.of(model).weight.device
         is_peft = hasattr(model, "disable_adapter")
+        kind = self._cache_kind(model, is_peft)
+        self.cache_used = kind
         with torch.no_grad():
             if self.reference_model is not None:
                 self.frozen_description = "reference model"
-                if self.cache == "none":
+                if kind == "none":
                     self.frozen = ReferenceModel(self.reference_model)
-                elif self.cache == "hidden":
+                elif kind == "hidden":
                     self.frozen = HiddenStateCache.build(
                         self.reference_model, self._device_batches(device), copy_head=False
                     )
                     self.frozen.head = OutputHead.of(self.reference_model)
-                else:
+                elif kind == "log_probs":
                     self.frozen = FrozenCache.build(
                         self.reference_model, self._device_batches(device), self.cache_top_k
                     )
+                else:
+                    raise ValueError("cache='expectation' needs the frozen and current heads to be one frozen head")
                 return
             if is_peft:
                 self.frozen_description = "disabled adapter"
-                if self.cache == "none":
+                if kind == "none":
                     self.frozen = DisabledAdapter()
-                elif self.cache == "hidden":
-                    self.frozen = HiddenStateCache.build(model, self._device_batches(device), disable_adapter=True)
                 else:
-                    self.frozen = FrozenCache.build(
-                        model, self._device_batches(device), self.cache_top_k, disable_adapter=True
-                    )
+                    self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=True)
                 return
             self.frozen_description = "model at train start"
-            if self.cache == "none":
+            if kind in ("none", "expectation"):
                 raise ValueError(
-                    "cache='none' needs a frozen model to recompute from: a PEFT model or reference_model; "
-                    "full fine-tuning changes the only copy"
+                    f"cache={kind!r} needs a PEFT model (its disabled adapter is the frozen model) or, for 'none', "
+                    "reference_model; full fine-tuning changes the only copy, including its head"
                 )
-            cache_type = HiddenStateCache if self.cache == "hidden" else FrozenCache
             path = self._cache_path()
             if state.global_step > 0:
                 if not path.is_file():
@@ -218,12 +238,9 @@ class RetainedKLCallback(TrainerCallback):
                         f"resuming at step {state.global_step}, but the frozen-model cache {path} written at train "
                         "start is missing: the starting model cannot be recovered; pass reference_model="
                     )
-                self.frozen = cache_type.load(path)
+                self.frozen = (HiddenStateCache if kind == "hidden" else FrozenCache).load(path)
                 return
-            if cache_type is HiddenStateCache:
-                self.frozen = HiddenStateCache.build(model, self._device_batches(device))
-            else:
-                self.frozen = FrozenCache.build(model, self._device_batches(device), self.cache_top_k)
+            self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=False)
             self.frozen.save(path)
 
     # -- measurement ------------------------------------------------------------------------------------------
@@ -294,7 +311,7 @@ class RetainedKLCallback(TrainerCallback):
                 divergence=self.divergence,
                 positions=self.positions,
                 frozen=self.frozen_description,
-                cache=self.cache,
+                cache=self.cache_used,
                 seconds=round(seconds, 4),
             )
             if control.should_save:

@@ -88,3 +88,26 @@ def test_outcomes_from_records():
         outcomes(records, metric="acc")
     repeated = outcomes([record(0, "same", "1", True), record(1, "same", "2", True)])
     assert set(repeated) == {(0, "same"), (1, "same")}  # repeated hashes fall back to (doc_id, hash)
+
+
+def test_churn_verb_prints_and_writes(tmp_path, capsys):
+    import json
+
+    from kinfolk.atomic import OutputExistsError
+    from kinfolk.cli import main
+
+    def write(name, run):
+        path = tmp_path / f"{name}.jsonl"
+        rows = [record(i, f"h{i}", outcome.answer, outcome.correct) for i, outcome in enumerate(run.values())]
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return str(path)
+
+    paths = [write(name, run) for name, run in (("frozen", FROZEN), ("method", METHOD), ("comparator", COMPARATOR))]
+    out = tmp_path / "churn.json"
+    assert main(["churn", *paths, "--bootstrap", "200", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| C | 3 | 37.50" in printed and "| W | 1 | 3 | 66.67" in printed
+    saved = json.loads(out.read_text())
+    assert saved["comparison"]["C"]["estimate"] == pytest.approx(0.5)
+    with pytest.raises(OutputExistsError):
+        main(["churn", *paths, "--out", str(out)])
