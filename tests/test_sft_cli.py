@@ -69,6 +69,13 @@ def test_the_example_yaml_parses_with_the_verbs_parser(tmp_path):
     assert model_args.model_name_or_path == "Qwen/Qwen2.5-0.5B" and script_args.dataset_train_split == "train"
 
 
+def test_weight_column_none_on_the_command_line_switches_weights_off(tmp_path):
+    parsed = sft_cli.make_parser().parse_args_and_config(
+        ["--output_dir", str(tmp_path), "--use_cpu", "--model_name_or_path", "m", "--weight_column", "None"]
+    )
+    assert parsed[1].weight_column is None
+
+
 @dataclass
 class _TinyAdapterArguments:
     tiny_adapter_rank: int | None = field(default=None, metadata={"help": "rank of a test adapter"})

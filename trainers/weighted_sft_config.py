@@ -146,6 +146,9 @@ class WeightedSFTConfig(SFTConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        # A command line cannot spell None: `--weight_column None` arrives as the string "None".
+        if self.weight_column in ("None", "none", ""):
+            self.weight_column = None
         if self.weight_reduction not in WEIGHT_REDUCTIONS:
             raise ValueError(
                 f"weight_reduction={self.weight_reduction!r} is not one of {', '.join(map(repr, WEIGHT_REDUCTIONS))}"
