@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -101,17 +99,28 @@ def naive_apply_delta(init: Path, delta: Path, out: Path) -> None:
     shutil.copyfile(init / "config.json", out / "config.json")
 
 
-def measure(command: list[str], env: dict | None = None) -> dict:
-    """Wall time and peak RSS of one subprocess (wait4 reports that child's own maximum resident set)."""
+# Linux charges a child with its parent's resident set at fork, so each command is started by this small
+# interpreter (no site, no torch) rather than by the bench process, which holds generated tensors.
+_LAUNCHER = """
+import json, os, subprocess, sys, tempfile, time
+with tempfile.TemporaryFile() as log:
     start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
+    child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=log)
+    _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
-    stderr = process.stderr.read().decode()
-    process.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{command[:4]} failed:\n{stderr[-2000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    log.seek(0)
+    tail = log.read()[-2000:].decode(errors="replace")
+print(json.dumps({"wall_s": wall, "peak_rss_kb": usage.ru_maxrss, "rc": os.waitstatus_to_exitcode(status), "tail": tail}))
+"""
+
+
+def measure(command: list[str]) -> dict:
+    """Wall time and peak RSS of one command in its own process (wait4 gives that child's maximum resident set)."""
+    launched = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *command], capture_output=True, text=True)
+    result = json.loads(launched.stdout)
+    if result["rc"] != 0:
+        raise RuntimeError(f"{command[:4]} failed:\n{result['tail']}")
+    return {"wall_s": round(result["wall_s"], 2), "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1)}
 
 
 def max_abs_difference(left: Path, right: Path) -> float:
@@ -173,13 +182,17 @@ def main() -> int:
         checks = {}
         for round_ in range(args.repeats):
             for name, command in commands.items():
-                out = root / f"out-{name}"
-                runs[name].append(measure(command(out)))
-                if round_ == 0 and name != "kinfolk":
-                    checks[f"max_abs_diff_kinfolk_vs_{name}"] = max_abs_difference(root / "out-kinfolk", out)
-                if name != "kinfolk" or round_ < args.repeats - 1:
-                    shutil.rmtree(out)
-        output_shards = sorted(path.stat().st_size for path in (root / "out-kinfolk").glob("*.safetensors"))
+                runs[name].append(measure(command(root / f"out-{name}")))
+                print(f"round {round_} {name}: {runs[name][-1]}", file=sys.stderr)
+            if round_ == 0:
+                for name in commands:
+                    if name != "kinfolk":
+                        difference = max_abs_difference(root / "out-kinfolk", root / f"out-{name}")
+                        checks[f"max_abs_diff_kinfolk_vs_{name}"] = difference
+                kinfolk_shards = (root / "out-kinfolk").glob("*.safetensors")
+                output_shards = sorted(path.stat().st_size for path in kinfolk_shards)
+            for name in commands:
+                shutil.rmtree(root / f"out-{name}")
         baseline = measure([*kinfolk, "apply-delta", str(apply_config), "--dry-run"])
         best = {name: min(results, key=lambda run: run["wall_s"]) for name, results in runs.items()}
         merge_rss = max(run["peak_rss_mb"] for run in runs["kinfolk"]) - baseline["peak_rss_mb"]

@@ -120,11 +120,19 @@ class ShardedWriter:
             raise ValueError(f"tensor {name!r} was added twice")
         self._seen.add(name)
         size = tensor_bytes(tensor)
-        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
-            self._flush()
+        self.make_room(size)
         # safetensors refuses views that share storage; a contiguous copy is at most this one tensor.
         self._pending[name] = tensor.detach().contiguous()
         self._pending_bytes += size
+
+    def make_room(self, nbytes: int) -> None:
+        """Write the pending shard now if a tensor of `nbytes` would not fit in it.
+
+        Callers that compute tensors one by one call this before building the next one, so the pending shard
+        and that tensor's inputs are never held together beyond `max_shard_bytes` plus the tensor's own needs.
+        """
+        if self._pending and self._pending_bytes + nbytes > self.max_shard_bytes:
+            self._flush()
 
     def _flush(self) -> None:
         if not self._pending:

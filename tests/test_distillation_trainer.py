@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from kinfolk.plugins.adapt import LayerMap, merge
@@ -174,6 +174,36 @@ def test_two_phases_in_order_under_one_schedule(pairs, tmp_path, tiny_tokenizer)
     assert any(not torch.equal(v, student_before[k]) for k, v in trainer.model.state_dict().items())
     trainer.save_model()
     assert LayerMap.load(tmp_path / "out") == LayerMap.load(pair["student"])
+
+
+class _StopAt(TrainerCallback):
+    """Interrupts training after `step` optimizer steps, as a killed job would (after its last checkpoint)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_result(pairs, tmp_path, tiny_tokenizer):
+    pair = pairs["llama"]
+
+    def run(directory, stop=None, resume=None):
+        trainer = make_trainer(pair, directory, tiny_tokenizer, pretraining=text_dataset(8, seed=1), max_steps=6,
+                               per_device_train_batch_size=2, save_strategy="steps", save_steps=3)  # fmt: skip
+        if stop:
+            trainer.add_callback(_StopAt(stop))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer.model.state_dict()
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop=3)  # phase 1 takes 4 steps: the job is interrupted inside it
+    checkpoint = tmp_path / "part" / "out" / "checkpoint-3"
+    assert LayerMap.load(checkpoint) == LayerMap.load(pair["student"])
+    resumed = run(tmp_path / "part", resume=str(checkpoint))
+    for name, value in full.items():
+        torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6)
 
 
 def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, tiny_tokenizer):

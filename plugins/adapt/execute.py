@@ -50,14 +50,20 @@ def materialise(tensor: PlannedTensor, inputs: dict[str, Checkpoint]) -> torch.T
             f"tensor {tensor.name!r} is {sorted(source_dtypes)}: only floating-point tensors can be summed"
         )
     compute = torch.float64 if "F64" in source_dtypes or out_dtype == torch.float64 else torch.float32
-    result = None
+    # Tensors come straight from the memory-mapped files: writing into one would copy its pages first, so the sum
+    # goes into fresh memory and is updated in place only once it is ours.
+    result, owned = None, False
     for term in terms:  # one input tensor in memory at a time, beside the running sum
-        value = inputs[term.source].reader.get(term.tensor).to(compute)
+        stored = inputs[term.source].reader.get(term.tensor)
+        value = stored.to(compute)
+        copied = value is not stored
         if result is None:
-            result = value if term.weight == 1 else value.mul_(term.weight)
-        else:
+            result, owned = (value, copied) if term.weight == 1 else (value * term.weight, True)
+        elif owned:
             result.add_(value, alpha=term.weight)
-        del value
+        else:
+            result, owned = torch.add(result, value, alpha=term.weight), True
+        del stored, value
     return result.to(out_dtype)
 
 
@@ -99,6 +105,7 @@ def execute(plan: MergePlan, out: str | Path, overwrite: bool = False, progress:
                     directory = staging / model.subdir
                     with ShardedWriter(directory, plan.config.max_shard_bytes, model.metadata) as writer:
                         for tensor in model.tensors:
+                            writer.make_room(tensor.nbytes)  # flush first: a full shard and new inputs never meet
                             writer.add(tensor.name, materialise(tensor, plan.inputs))
                             bar.update(tensor.nbytes)
                     _write_companions(plan, model, directory)
