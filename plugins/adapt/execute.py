@@ -20,8 +20,8 @@ import transformers
 from tqdm.auto import tqdm
 
 from kinfolk import __version__
-from kinfolk.atomic import atomic_directory, check_destination, directory_fingerprint, write_json
-from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint
+from kinfolk.atomic import atomic_directory, check_destination, write_json
+from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint, input_fingerprint
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 from kinfolk.plugins.adapt.plan import MergePlan, ModelPlan, PlannedTensor
 from kinfolk.tensors import INDEX_FILE, ShardedWriter
@@ -93,9 +93,9 @@ def execute(plan: MergePlan, out: str | Path, overwrite: bool = False, progress:
     """Write every model of `plan` under `out` (refused if it exists, unless `overwrite`); returns `out`."""
     destination = check_destination(out, overwrite)
     total = sum(model.nbytes for model in plan.models)
-    # Hashing the inputs for provenance overlaps with the merge (hashlib releases the GIL).
+    # Hashing the inputs for provenance overlaps with the merge (the hashes release the GIL).
     with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = {role: pool.submit(directory_fingerprint, cp.path) for role, cp in plan.inputs.items()}
+        hashing = {role: pool.submit(input_fingerprint, cp.path) for role, cp in plan.inputs.items()}
         try:
             with (
                 atomic_directory(destination, overwrite) as staging,
