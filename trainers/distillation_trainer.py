@@ -295,4 +295,5 @@ class DistillationTrainer(SFTTrainer):
     def _save(self, output_dir: str | None = None, state_dict=None):
         super()._save(output_dir, state_dict)
         # Later stages (delta, patch) check they were given a student of the same layer map.
-        self.layer_map.save(output_dir or self.args.output_dir)
+        if self.args.should_save:
+            self.layer_map.save(output_dir or self.args.output_dir)
