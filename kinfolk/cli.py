@@ -22,6 +22,14 @@ from kinfolk import __version__
 # verb -> (module with `main(argv)`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
+    "eval": ("kinfolk.lm_eval_cli", "lm-eval's CLI with kinfolk's adapter types and tasks registered"),
+    "churn": ("kinfolk.callbacks.churn", "answer churn (C/F/G/W) between lm-eval sample logs, with paired intervals"),
+    "drift": ("kinfolk.drift_report", "retained KL at matched target scores across methods and seeds (report)"),
+    "sft": ("kinfolk.trainers.sft_cli", "`trl sft` with WeightedSFTTrainer: per-example weights, prompt loss weight"),
+    "score": (
+        "kinfolk.trainers.atlantis.cli",
+        "ATLANTIS: score an SFT dataset with three models, add a weight column",
+    ),
     "merge": (
         "kinfolk.plugins.adapt.cli",
         "ADAPT merges: init-student, delta, delta-cosine, apply-delta, patch, interpolate",

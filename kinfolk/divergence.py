@@ -13,13 +13,16 @@ Positions follow TRL's label convention: `values[:, t]` compares the distributio
 `labels[:, t + 1]`, and only positions whose next label is not -100 count (pass `labels=input_ids` with padding
 set to -100 for "all tokens").
 
-The frozen side comes from one of four sources:
+The frozen side comes from one of five sources:
 
 - `DisabledAdapter()`: the same PEFT model under `model.disable_adapter()` — no second copy of the weights.
 - `ReferenceModel(model)`: a separate frozen model with the same vocabulary (full fine-tuning).
 - `HiddenStateCache.build(...)`: the frozen model's last hidden states over a fixed set of batches, computed
   once (from the disabled adapter, the model before training, or a reference model): exact for any vocabulary,
   and a measurement then costs one forward pass plus the head kernel. The default for measuring drift.
+- `ExpectationCache.build(...)`: for a frozen head without soft-capping (PEFT), the two numbers per token that
+  forward KL needs (the frozen distribution's expected output embedding and negative entropy): exact, and a
+  measurement costs one forward pass plus one chunked head pass, like the forward pass itself.
 - `FrozenCache.build(...)`: frozen log-probs computed once over a fixed set of batches. Exact when `top_k` is
   None (sensible for small vocabularies: it stores every position × vocab). With `top_k` it keeps the k most
   likely tokens plus the tail mass r, and the forward KL it returns is that of the coarsened distributions
@@ -53,6 +56,7 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.atomic import atomic_file
@@ -61,6 +65,7 @@ from kinfolk.tokens import IGNORE_INDEX
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 # Tokens handed to the kernel per call: its buffers are (tokens × 32768) fp32 tiles, so this caps their size.
 DEFAULT_TOKEN_CHUNK = 1024
+VOCAB_TILE = 32768  # vocabulary columns per tile in TRL's chunked log-prob kernel (its own default)
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -107,7 +112,14 @@ class OutputHead:
 
     def logits(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """fp32 logits of a few tokens after scale, soft-cap and temperature (for tiles, never a whole batch)."""
-        z = nn.functional.linear(hidden.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        weight = self.weight
+        if hidden.is_cuda and weight.dtype in (torch.float16, torch.bfloat16):
+            # fp32 products accumulated from half-precision inputs, without an fp32 copy of the whole head
+            z = torch.mm(hidden.to(weight.dtype), weight.t(), out_dtype=torch.float32)
+        else:
+            z = hidden.float() @ weight.float().t()
+        if self.bias is not None:
+            z = z + self.bias.float()
         z = z * self.scale
         if self.softcap is not None:
             z = self.softcap * torch.tanh(z / self.softcap)
@@ -444,6 +456,96 @@ class HiddenStateCache(_BatchCache):
             saved["weight"], saved.get("bias"), float(metadata["scale"]), float(softcap) if softcap else None
         )
         return cls(entries, head)
+
+
+class ExpectationCache(_BatchCache):
+    """Exact forward KL(frozen‖current) at the cost of one head projection, for a frozen head without soft-cap.
+
+    With logits z = (s/T)(W h + b) and the head shared by both sides (a PEFT model whose head is not adapted),
+    KL(p‖q) = Σ p log p − Σ_v p_v z_q,v + log Z_q, and Σ_v p_v z_q,v = (s/T)(h_q · Wᵀp + bᵀp). So per scored
+    token the cache keeps the H-vector m = Wᵀp and the scalar c = Σ p log p − (s/T) bᵀp; a measurement is then
+    c − (s/T) h_q·m + log Z_q, with log Z_q from TRL's chunked log-prob kernel: one forward pass plus one
+    projection that never materialises the logits, and differentiable. Memory: (scored tokens × H) fp32.
+    Soft-capped heads (Gemma 2) are not linear in h: use `HiddenStateCache` there.
+    """
+
+    def __init__(self, entries=None, scale: float = 1.0, temperature: float = 1.0):
+        super().__init__(entries)
+        self.scale = scale
+        self.temperature = temperature
+
+    @staticmethod
+    def _check_head(head: OutputHead) -> None:
+        if head.softcap is not None:
+            raise ValueError("ExpectationCache needs a head without soft-capping; use HiddenStateCache for this model")
+        if head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad):
+            raise ValueError("ExpectationCache needs a frozen head shared by both sides; the head here is trainable")
+
+    @classmethod
+    def build(
+        cls,
+        model: nn.Module,
+        batches,
+        disable_adapter: bool = False,
+        temperature: float = 1.0,
+        token_chunk_size: int = 256,
+    ) -> ExpectationCache:
+        head = OutputHead.of(model)
+        cls._check_head(head)
+        cache = cls(scale=head.scale, temperature=temperature)
+        factor = head.scale / temperature
+        for key, hidden in _frozen_hidden(model, batches, disable_adapter):
+            moments, constants = [], []
+            with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+                weight = head.weight.float()  # m = Wᵀp needs fp32 throughout: an error in m is an error in KL
+                for start in range(0, max(hidden.shape[0], 1), token_chunk_size):
+                    log_p = torch.log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature), -1)
+                    p = log_p.exp()
+                    constant = (p * log_p).sum(-1)
+                    if head.bias is not None:
+                        constant -= factor * (p @ head.bias.float())
+                    moments.append(p @ weight)
+                    constants.append(constant)
+            cache.entries[key] = {"moment": torch.cat(moments), "constant": torch.cat(constants)}
+        return cache
+
+    def divergence(
+        self, model, current_hidden, input_ids, attention_mask, mask, kind, beta, temperature, forward_kwargs
+    ):
+        if kind != "forward_kl":
+            raise ValueError(f"ExpectationCache gives forward_kl only, not {kind!r}; use HiddenStateCache")
+        if temperature != self.temperature:
+            raise ValueError(f"the frozen cache was built at temperature {self.temperature}, not {temperature}")
+        head = OutputHead.of(model)
+        self._check_head(head)
+        if head.scale != self.scale:
+            raise ValueError(f"the model's logit scale {head.scale} differs from the cached {self.scale}")
+        entry = self._lookup(input_ids, mask)
+        moment = entry["moment"].to(current_hidden.device, non_blocking=True)
+        constant = entry["constant"].to(current_hidden.device, non_blocking=True)
+        factor = head.scale / temperature
+        pieces = []
+        with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            for start in range(0, current_hidden.shape[0], DEFAULT_TOKEN_CHUNK):
+                hidden = current_hidden[start : start + DEFAULT_TOKEN_CHUNK]
+                # log Z = z_0 − log q(0): the kernel's log-prob of token 0 carries the log-normaliser
+                first = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
+                log_q_first = ChunkedLogProbFunction.apply(
+                    hidden, head.weight, head.bias, first, temperature, VOCAB_TILE, None, head.scale, ()
+                )[0]
+                z_first = factor * (hidden.float() @ head.weight[0].float())
+                expected = factor * (hidden.float() * moment[start : start + DEFAULT_TOKEN_CHUNK]).sum(-1)
+                if head.bias is not None:
+                    z_first = z_first + factor * head.bias[0].float()
+                pieces.append(constant[start : start + DEFAULT_TOKEN_CHUNK] - expected + z_first - log_q_first)
+        return (torch.cat(pieces) if pieces else _no_tokens(current_hidden)), None
+
+    def _metadata(self):
+        return {"scale": repr(self.scale), "temperature": repr(self.temperature)}
+
+    @classmethod
+    def _from_saved(cls, entries, metadata):
+        return cls(entries, float(metadata.get("scale", "1.0")), float(metadata.get("temperature", "1.0")))
 
 
 class FrozenCache(_BatchCache):

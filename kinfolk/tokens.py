@@ -58,6 +58,16 @@ def _sft_defaults() -> SimpleNamespace:
     )
 
 
+def sft_arguments(**overrides: Any) -> SimpleNamespace:
+    """SFTConfig's defaults with `overrides` applied, for `sft_tokenize` (no device or output dir needed)."""
+    args = _sft_defaults()
+    unknown = sorted(set(overrides) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"not SFTConfig fields: {unknown}")
+    vars(args).update(overrides)
+    return args
+
+
 def dataset_type(column_names: list[str], text_field: str = "text") -> str:
     """Name the SFT dataset type from its columns, or raise naming the expected and present columns."""
     columns = set(column_names)

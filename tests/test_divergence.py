@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kinfolk.divergence import (
     DisabledAdapter,
+    ExpectationCache,
     FrozenCache,
     HiddenStateCache,
     OutputHead,
@@ -376,3 +377,37 @@ def test_hidden_state_cache_keeps_the_frozen_head_under_full_fine_tuning(tmp_pat
     assert expected.values.max() > 0
     with pytest.raises(ValueError, match="not a FrozenCache"):
         FrozenCache.load(tmp_path / "hidden.safetensors")
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3", "cohere"])
+def test_expectation_cache_is_exact_forward_kl_with_one_projection(architecture, tmp_path):
+    model = lora(tiny(architecture))
+    input_ids, attention_mask, labels = batch()
+    rows = [{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}]
+    cache = ExpectationCache.build(model, rows, disable_adapter=True)
+    cache = ExpectationCache.load(cache.save(tmp_path / "expectation.safetensors"))
+    from_cache = token_divergence(model, input_ids, attention_mask, labels, cache)
+    live = token_divergence(model, input_ids, attention_mask, labels, DisabledAdapter())
+    mask = labels[:, 1:] != -100
+    torch.testing.assert_close(from_cache.values[mask], live.values[mask], rtol=1e-4, atol=1e-6)
+    assert live.values[mask].min() > 0
+    from_cache.mean().backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    live.mean().backward()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(ours[name], p.grad, rtol=1e-3, atol=1e-7, msg=name)
+
+
+def test_expectation_cache_refuses_what_is_not_linear_or_not_frozen():
+    input_ids, attention_mask, labels = batch()
+    rows = [{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}]
+    with pytest.raises(ValueError, match="soft-capping"):
+        ExpectationCache.build(lora(tiny("gemma2")), rows, disable_adapter=True)
+    with pytest.raises(ValueError, match="trainable"):
+        ExpectationCache.build(tiny("llama"), rows)
+    model = lora(tiny("llama"))
+    cache = ExpectationCache.build(model, rows, disable_adapter=True)
+    with pytest.raises(ValueError, match="forward_kl only"):
+        token_divergence(model, input_ids, attention_mask, labels, cache, kind="jsd")

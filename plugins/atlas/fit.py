@@ -95,7 +95,7 @@ def fit_atlas(
         config.num_regions if config is not None else next(iter(layers.values())).atlas_centers[adapter_name].shape[0]
     )
     temperature = config.routing_temperature if config is not None else 1.0
-    batches = _batches(data, tokenizer, batch_size, max_length)
+    batches = retained_batches(data, tokenizer, batch_size, max_length)
     forward_fn = forward_fn or _default_forward
     device = _model_device(model)
     kmeans = {
@@ -274,7 +274,8 @@ def _select_tokens(activations: torch.Tensor, keep: torch.Tensor | None) -> torc
     return activations.reshape(-1, activations.shape[-1])
 
 
-def _batches(data, tokenizer, batch_size: int, max_length: int | None) -> Iterable[dict]:
+def retained_batches(data, tokenizer, batch_size: int, max_length: int | None) -> Iterable[dict]:
+    """Padded batches (`input_ids`, `attention_mask`, `labels`) of a dataset, longest rows first; other data as is."""
     from datasets import Dataset
 
     if not isinstance(data, Dataset):

@@ -33,19 +33,11 @@ class AtlasModel(BaseTuner):
     target_module_mapping: ClassVar[dict[str, list[str]]] = {}
 
     def _prepare_adapter_config(self, peft_config: AtlasConfig, model_config: dict) -> AtlasConfig:
-        if peft_config.target_modules is not None:
-            return peft_config
-        config = getattr(self.model, "config", None)
-        try:
-            layout = layout_from_config(config)
-        except (UnsupportedArchitectureError, AttributeError) as error:
-            raise ValueError(
-                f"AtlasConfig.target_modules is not set and the default placement (attention output projection) is "
-                f"unknown for this model ({error}); pass target_modules, e.g. ['lin0']"
-            ) from None
-        peft_config.target_modules = {layout.attention_output}
-        if peft_config.layers_to_transform is None:
-            peft_config.layers_to_transform = [default_layer(layout.num_layers)]
+        if peft_config.target_modules is None:
+            target_modules, layers = default_placement(self.model)
+            peft_config.target_modules = target_modules
+            if peft_config.layers_to_transform is None:
+                peft_config.layers_to_transform = layers
         return peft_config
 
     def _create_and_replace(
@@ -98,6 +90,18 @@ class AtlasModel(BaseTuner):
                 f"{getattr(config, 'base_model_name_or_path', None)!r})."
             )
         return remapped
+
+
+def default_placement(model: nn.Module) -> tuple[set[str], list[int]]:
+    """ATLAS's default targets: the attention output projection of the one decoder layer at 47% depth."""
+    try:
+        layout = layout_from_config(model.config)
+    except (UnsupportedArchitectureError, AttributeError) as error:
+        raise ValueError(
+            f"AtlasConfig.target_modules is not set and the default placement (attention output projection) is "
+            f"unknown for this model ({error}); pass target_modules, e.g. ['lin0']"
+        ) from None
+    return {layout.attention_output}, [default_layer(layout.num_layers)]
 
 
 def default_layer(num_layers: int) -> int:

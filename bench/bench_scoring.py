@@ -1,0 +1,153 @@
+"""ATLANTIS scorer throughput: kinfolk's batched scorer vs a per-example loop vs a no-padding bound.
+
+One random Llama-shaped model (a few M parameters, so a forward costs real compute on a CPU) scores the response
+tokens of a prompt/completion dataset whose rows range from a few dozen to several hundred tokens:
+
+- scorer: what `score_model` runs after tokenisation: rows length-sorted into chunks, padded batches under the
+          token budget, `score_batches` (inference mode, TRL's fused LM head, float64 sums);
+- loop:   the same rows one at a time (batch 1, no padding), the obvious hand-written scorer;
+- bound:  the same tokens with no padding at all: the concatenated token stream cut into full rows and full
+          batches of the same token budget. Rows are as wide as the token-weighted mean sequence length
+          (Σ L² / Σ L), so causal attention costs the same per token as over the real sequences.
+
+Throughput counts every sequence token (prompt and response, no padding), in tokens per second of the best of
+`--repeats` timed passes after a warm-up. Goals: scorer/bound ≥ 0.90 (padding and bookkeeping cost < 10%)
+and scorer/loop ≥ 3. Ends with one JSON line.
+
+    OMP_NUM_THREADS=1 python bench/bench_scoring.py [--rows 256] [--tokens-per-batch 4096] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import numpy as np
+import torch
+from datasets import Dataset
+
+from kinfolk.logprobs import label_log_probs
+from kinfolk.testing import build_model, build_tokenizer
+from kinfolk.tokens import sft_tokenize
+from kinfolk.trainers.atlantis.batching import chunk_plan, token_budget_batches
+from kinfolk.trainers.atlantis.scoring import response_token_counts, score_batches
+
+WORDS = ("the", "model", "learns", "a", "new", "skill", "while", "its", "answers", "on", "retained", "work", "move")
+
+
+def synthetic_dataset(rows: int, seed: int = 0) -> Dataset:
+    """Prompts of 10-60 words and completions of 5-300 words, so sequence lengths vary widely."""
+    rng = random.Random(seed)
+    text = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    return Dataset.from_list(
+        [{"prompt": text(rng.randint(10, 60)), "completion": " " + text(rng.randint(5, 300))} for _ in range(rows)]
+    )
+
+
+def best_time(run, repeats: int, synchronize) -> float:
+    run()  # warm-up: allocator, kernels, first-call patching
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        run()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--tokens-per-batch", type=int, default=4096)
+    parser.add_argument("--chunk-rows", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    tokenizer = build_tokenizer()
+    model = build_model(
+        "llama",
+        "large",
+        tokenizer=tokenizer,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
+        head_dim=args.hidden // 4,
+        max_position_embeddings=4096,
+    ).to(args.device)
+    autocast_dtype = torch.bfloat16 if args.device.startswith("cuda") else None
+    if autocast_dtype is not None:
+        model = model.to(torch.bfloat16)
+    synchronize = torch.cuda.synchronize if args.device.startswith("cuda") else lambda: None
+    tokens = sft_tokenize(synthetic_dataset(args.rows), tokenizer)
+    input_ids, labels = tokens["input_ids"], tokens["labels"]
+    lengths = np.array([len(ids) for ids in input_ids])
+    total_tokens = int(lengths.sum())
+    pad = tokenizer.pad_token_id
+
+    batches = [
+        batch
+        for chunk in chunk_plan(lengths, args.chunk_rows)
+        for batch in token_budget_batches(chunk, lengths, args.tokens_per_batch)
+    ]
+    padded_tokens = sum(len(batch) * int(lengths[batch].max()) for batch in batches)
+
+    def scorer() -> None:
+        for _ in score_batches(model, input_ids, labels, batches, pad, autocast_dtype):
+            pass
+
+    def loop() -> None:
+        for row in range(len(input_ids)):
+            ids = torch.tensor([input_ids[row]], device=args.device)
+            row_labels = torch.tensor([labels[row]], device=args.device)
+            with torch.inference_mode(), torch.autocast(args.device.split(":")[0], enabled=autocast_dtype is not None):
+                label_log_probs(model, ids, None, row_labels)[0].double().sum().item()
+
+    width = round(float((lengths.astype(np.int64) ** 2).sum()) / total_tokens)
+    stream = torch.tensor(np.concatenate([np.asarray(ids) for ids in input_ids])[: total_tokens // width * width])
+    packed_rows = stream.view(-1, width)
+    rows_per_batch = max(1, args.tokens_per_batch // width)
+
+    def bound() -> None:
+        for start in range(0, len(packed_rows), rows_per_batch):
+            ids = packed_rows[start : start + rows_per_batch].to(args.device)
+            with torch.inference_mode(), torch.autocast(args.device.split(":")[0], enabled=autocast_dtype is not None):
+                label_log_probs(model, ids, None, ids)[0].double().sum(dim=-1).cpu()
+
+    bound_tokens = packed_rows.numel()
+    times = {
+        name: best_time(run, args.repeats, synchronize)
+        for name, run in [("scorer", scorer), ("loop", loop), ("bound", bound)]
+    }
+    figures = {
+        "scorer_tokens_per_s": total_tokens / times["scorer"],
+        "loop_tokens_per_s": total_tokens / times["loop"],
+        "bound_tokens_per_s": bound_tokens / times["bound"],
+        "rows": len(input_ids),
+        "tokens": total_tokens,
+        "response_tokens": int(response_token_counts(labels).sum()),
+        "padding_fraction": 1 - total_tokens / padded_tokens,
+        "batches": len(batches),
+        "bound_row_width": width,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+    }
+    ratios = {
+        "scorer_over_bound": figures["scorer_tokens_per_s"] / figures["bound_tokens_per_s"],
+        "scorer_over_loop": figures["scorer_tokens_per_s"] / figures["loop_tokens_per_s"],
+    }
+    goals = {"scorer_over_bound": ">= 0.90", "scorer_over_loop": ">= 3"}
+    passed = ratios["scorer_over_bound"] >= 0.90 and ratios["scorer_over_loop"] >= 3
+    rounded = lambda d: {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+    print(json.dumps({"bench": "atlantis_scoring", "figures": rounded(figures), "ratios": rounded(ratios),
+                      "goals": goals, "pass": passed}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Answer churn: how many retained answers an adapted model rewrites relative to the frozen model.
+
+Per question, with the frozen model's answer a₀ (correct or not) and the adapted model's answer a₁:
+C counts changed answers (a₁ ≠ a₀); F correct → wrong; G wrong → correct; W wrong → a different wrong answer.
+F is reported per frozen-correct question and G and W per frozen-wrong question (the opportunities), C per
+question. For multiple-choice tasks the answer is the option with the highest log-likelihood (conditional
+choice), so C/N is conditional-choice churn. Intervals are paired-question bootstrap percentiles.
+
+Answers come from lm-eval sample logs (`--log_samples`, or `LmEvalCallback`'s own runs): one record per
+question with `doc_id`, `doc_hash`, `filtered_resps`, `filter`, `metrics` and the metric values. Runs are
+matched by document hash (by `doc_id` where hashes repeat), and a question whose hash differs between runs
+is an error: the two runs did not see the same data.
+
+>>> frozen = {"q1": Outcome("4", True), "q2": Outcome("7", False), "q3": Outcome("1", False)}
+>>> adapted = {"q1": Outcome("5", False), "q2": Outcome("9", False), "q3": Outcome("2", True)}
+>>> counts = churn_counts(frozen, adapted)
+>>> counts["C"], counts["F"], counts["G"], counts["W"]
+(3, 1, 1, 1)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kinfolk.stats import bootstrap_interval
+
+KINDS = ("C", "F", "G", "W")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One question's answer (text, or the chosen option's index) and whether it was scored correct."""
+
+    answer: Hashable
+    correct: bool
+
+
+def read_samples(path: str | Path) -> list[dict[str, Any]]:
+    """Records of an lm-eval samples file (JSON lines)."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _answer(record: dict[str, Any]) -> Hashable:
+    response = record["filtered_resps"]
+    # multiple choice: one (log-likelihood, is_greedy) pair per option; the answer is the most likely option
+    if isinstance(response, list) and response and all(isinstance(item, (list, tuple)) for item in response):
+        return int(np.argmax([float(item[0]) for item in response]))
+    if isinstance(response, list):
+        response = response[0] if len(response) == 1 else tuple(response)
+    return " ".join(str(response).split()) if isinstance(response, str) else response
+
+
+def outcomes(
+    records: Iterable[dict[str, Any]], metric: str | None = None, filter_name: str | None = None
+) -> dict[Hashable, Outcome]:
+    """Per-question outcomes from lm-eval sample records; `metric` and `filter_name` pick among several."""
+    records = list(records)
+    if not records:
+        raise ValueError("no sample records")
+    filters = sorted({record.get("filter", "none") for record in records})
+    if filter_name is None:
+        if len(filters) > 1:
+            raise ValueError(f"the samples carry several filters {filters}; choose one (filter_name / --filter)")
+        filter_name = filters[0]
+    elif filter_name not in filters:
+        raise ValueError(f"filter {filter_name!r} not in the samples; they carry {filters}")
+    chosen = [record for record in records if record.get("filter", "none") == filter_name]
+    metric = metric or chosen[0]["metrics"][0]
+    hashes = [record.get("doc_hash") for record in chosen]
+    unique_hashes = None not in hashes and len(set(hashes)) == len(hashes)
+    result: dict[Hashable, Outcome] = {}
+    for record in chosen:
+        if metric not in record:
+            raise KeyError(f"doc_id {record['doc_id']} has no metric {metric!r}; it has {record.get('metrics')}")
+        key = record["doc_hash"] if unique_hashes else (record["doc_id"], record.get("doc_hash"))
+        result[key] = Outcome(_answer(record), float(record[metric]) >= 0.5)
+    return result
+
+
+def align(*runs: Mapping[Hashable, Outcome]) -> list[Hashable]:
+    """The questions every run answered, in the first run's order; raise when the runs' questions differ."""
+    keys = list(runs[0])
+    for position, run in enumerate(runs[1:], start=1):
+        missing, extra = set(keys) - set(run), set(run) - set(keys)
+        if missing or extra:
+            example = next(iter(missing or extra))
+            raise ValueError(
+                f"run {position} does not cover the same questions as run 0 ({len(missing)} missing, {len(extra)} "
+                f"extra; e.g. {example!r}): compare sample logs of the same task, data and limit"
+            )
+    return keys
+
+
+def transitions(frozen: Mapping[Hashable, Outcome], adapted: Mapping[Hashable, Outcome]) -> dict[str, np.ndarray]:
+    """Per-question 0/1 arrays for C, F, G, W and the frozen/adapted correctness, aligned by question."""
+    keys = align(frozen, adapted)
+    before = np.array([frozen[key].correct for key in keys])
+    after = np.array([adapted[key].correct for key in keys])
+    changed = np.array([frozen[key].answer != adapted[key].answer for key in keys])
+    return {
+        "C": changed,
+        "F": before & ~after,
+        "G": ~before & after,
+        "W": ~before & ~after & changed,
+        "frozen_correct": before,
+        "adapted_correct": after,
+    }
+
+
+def churn_counts(frozen: Mapping[Hashable, Outcome], adapted: Mapping[Hashable, Outcome]) -> dict[str, int]:
+    per_question = transitions(frozen, adapted)
+    counts = {kind: int(per_question[kind].sum()) for kind in KINDS}
+    counts.update(
+        n=len(per_question["C"]),
+        frozen_correct=int(per_question["frozen_correct"].sum()),
+        adapted_correct=int(per_question["adapted_correct"].sum()),
+    )
+    return counts
+
+
+def _rate(kind: str):
+    # C per question; F per frozen-correct question; G and W per frozen-wrong question (NaN without opportunities)
+    def statistic(events: np.ndarray, frozen_correct: np.ndarray) -> float:
+        opportunities = {"C": np.ones_like(frozen_correct), "F": frozen_correct}.get(kind, 1.0 - frozen_correct)
+        total = opportunities.sum()
+        return float(events.sum() / total) if total > 0 else float("nan")
+
+    return statistic
+
+
+def churn_report(
+    frozen: Mapping[Hashable, Outcome],
+    adapted: Mapping[Hashable, Outcome],
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Counts, rates with paired-question bootstrap intervals, and both accuracies."""
+    per_question = transitions(frozen, adapted)
+    report: dict[str, Any] = churn_counts(frozen, adapted)
+    frozen_correct = per_question["frozen_correct"].astype(float)
+    for kind in KINDS:
+        interval = bootstrap_interval(
+            _rate(kind),
+            per_question[kind].astype(float),
+            frozen_correct,
+            n_resamples=n_resamples,
+            confidence=confidence,
+            seed=seed,
+        )
+        report[f"{kind}_rate"] = interval.as_dict()
+    report["frozen_accuracy"] = float(per_question["frozen_correct"].mean())
+    report["adapted_accuracy"] = float(per_question["adapted_correct"].mean())
+    return report
+
+
+def compare_churn(
+    frozen: Mapping[Hashable, Outcome],
+    method: Mapping[Hashable, Outcome],
+    comparator: Mapping[Hashable, Outcome],
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Reduction 1 − count(method)/count(comparator) for C, F, G, F+G and W, paired over questions.
+
+    Both adapted runs are compared with the same frozen run; the bootstrap resamples questions jointly, so the
+    interval reflects which questions happened to be asked (the paper's Table 20 protocol).
+    """
+    align(frozen, method, comparator)
+    ours, theirs = transitions(frozen, method), transitions(frozen, comparator)
+    ours["F+G"], theirs["F+G"] = ours["F"] | ours["G"], theirs["F"] | theirs["G"]
+
+    def reduction(a: np.ndarray, b: np.ndarray) -> float:
+        return float(1.0 - a.sum() / b.sum()) if b.sum() > 0 else float("nan")
+
+    report: dict[str, Any] = {}
+    for kind in (*KINDS, "F+G"):
+        interval = bootstrap_interval(
+            reduction,
+            ours[kind].astype(float),
+            theirs[kind].astype(float),
+            n_resamples=n_resamples,
+            confidence=confidence,
+            seed=seed,
+        )
+        report[kind] = {"method": int(ours[kind].sum()), "comparator": int(theirs[kind].sum()), **interval.as_dict()}
+    report["accuracy_difference"] = float(ours["adapted_correct"].mean() - theirs["adapted_correct"].mean())
+    report["n"] = len(ours["C"])
+    return report
+
+
+def flat_metrics(report: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """Scalar view of a `churn_report` for trainer logs: counts and the rates' point estimates."""
+    flat = {f"{prefix}/{kind}": float(report[kind]) for kind in KINDS}
+    flat.update({f"{prefix}/{kind}_rate": report[f"{kind}_rate"]["estimate"] for kind in KINDS})
+    return flat
+
+
+def _cell(interval: Mapping[str, float], percent: bool = True) -> str:
+    scale = 100.0 if percent else 1.0
+    return f"{scale * interval['estimate']:.2f} [{scale * interval['low']:.2f}, {scale * interval['high']:.2f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`kinfolk churn FROZEN ADAPTED [COMPARATOR]`: churn from lm-eval sample logs, as a markdown table."""
+    import argparse
+
+    from kinfolk.atomic import check_destination, write_json
+
+    parser = argparse.ArgumentParser(
+        prog="kinfolk churn",
+        description="Answer churn of an adapted model against the frozen one, from lm-eval samples files "
+        "(--log_samples); with a comparator, the paired reduction of each count.",
+    )
+    parser.add_argument("frozen", help="samples_<task>_*.jsonl of the frozen model")
+    parser.add_argument("adapted", help="samples file of the adapted model (the method)")
+    parser.add_argument("comparator", nargs="?", help="samples file of a comparator adapted from the same model")
+    parser.add_argument("--metric", help="per-sample correctness metric (default: the task's first)")
+    parser.add_argument("--filter", dest="filter_name", help="lm-eval filter to use when the task has several")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="paired-question bootstrap resamples")
+    parser.add_argument("--out", help="also write the numbers as JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    if args.out:
+        check_destination(args.out, args.overwrite)
+
+    def load(path):
+        return outcomes(read_samples(path), args.metric, args.filter_name)
+
+    frozen, adapted = load(args.frozen), load(args.adapted)
+    report: dict[str, Any] = {"adapted": churn_report(frozen, adapted, n_resamples=args.bootstrap)}
+    counts = report["adapted"]
+    lines = [
+        f"{counts['n']} questions; frozen accuracy {100 * counts['frozen_accuracy']:.2f}%, "
+        f"adapted {100 * counts['adapted_accuracy']:.2f}%",
+        "",
+        "| change | count | rate % [95% CI] | per |",
+        "|---|---|---|---|",
+    ]
+    per = {"C": "question", "F": "frozen-correct", "G": "frozen-wrong", "W": "frozen-wrong"}
+    lines += [f"| {kind} | {counts[kind]} | {_cell(counts[f'{kind}_rate'])} | {per[kind]} |" for kind in KINDS]
+    if args.comparator:
+        comparison = compare_churn(frozen, adapted, load(args.comparator), n_resamples=args.bootstrap)
+        report["comparison"] = comparison
+        lines += ["", "| change | adapted | comparator | reduction % [95% CI] |", "|---|---|---|---|"]
+        lines += [
+            f"| {kind} | {comparison[kind]['method']} | {comparison[kind]['comparator']} | {_cell(comparison[kind])} |"
+            for kind in (*KINDS, "F+G")
+        ]
+    print("\n".join(lines))
+    if args.out:
+        write_json(args.out, report)
+    return 0

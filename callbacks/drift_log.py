@@ -1,0 +1,62 @@
+"""`drift.jsonl`: one JSON object per line in a run's output directory, appended by kinfolk's callbacks.
+
+Rows carry `step` and one of: retained-KL measurements (`retained_kl`, ...), lm-eval scores
+(`lm_eval/<task>/<metric>`), churn (`churn/<task>/...`), or a checkpoint event (`checkpoint`). `kinfolk drift`
+joins them by step. Only the main process writes; a resumed run may append a step again and the later row wins.
+
+>>> import tempfile
+>>> run = tempfile.mkdtemp()
+>>> _ = append_row(run, {"step": 10, "retained_kl": 0.01})
+>>> _ = append_row(run, {"step": 10, "checkpoint": "checkpoint-10"})
+>>> steps(read_rows(run))
+{10: {'step': 10, 'retained_kl': 0.01, 'checkpoint': 'checkpoint-10'}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+DRIFT_FILE = "drift.jsonl"
+
+
+def drift_path(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir if run_dir.suffix == ".jsonl" else run_dir / DRIFT_FILE
+
+
+def append_row(run_dir: str | Path, row: dict[str, Any]) -> Path:
+    """Append one row as a single write and fsync it, so a crash never leaves half a line behind."""
+    path = drift_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, sort_keys=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return path
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = drift_path(run_dir)
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number} is not a JSON object: {error}") from None
+    return rows
+
+
+def steps(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Rows merged per step, later values overriding earlier ones."""
+    merged: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        if "step" not in row:
+            raise ValueError(f"a drift row has no step: {row}")
+        merged.setdefault(int(row["step"]), {}).update(row)
+    return dict(sorted(merged.items()))

@@ -1,0 +1,340 @@
+"""`RetainedKLCallback`: how far training has moved the model's next-token distribution on retained data.
+
+The metric is the mean next-token KL(frozen ‖ current) over fixed, teacher-forced retained contexts (response
+tokens, or every token), pooled over tokens. It is measured at each evaluation and/or every N steps, logged
+through the trainer (`retained_kl` reaches TensorBoard, W&B and `trainer.state.log_history`) and appended to
+`drift.jsonl` in the output directory together with the step (and, when a checkpoint is saved, its name).
+
+Where the frozen distribution comes from:
+- a PEFT model: its own adapters switched off (no second copy of the weights);
+- full fine-tuning: the model as it is when training starts (saved to the output directory, so a resumed run
+  measures against the same frozen model), or `reference_model`.
+The frozen side is computed once at train start (`kinfolk.divergence` caches), so a measurement costs one
+forward pass of the current model plus a chunked head pass, never full logits. `cache="auto"` (default) picks
+`"expectation"` where it is exact (forward KL, a PEFT model whose head is frozen and not soft-capped: one head
+projection per measurement) and `"hidden"` otherwise (frozen last hidden states; two head projections).
+`"log_probs"` stores frozen log-probs (exact, or top-k with an error bound via `cache_top_k`); `"none"`
+recomputes the frozen side at every measurement (a second forward pass).
+
+    trainer = SFTTrainer(model=peft_model, args=SFTConfig(output_dir="out", eval_strategy="steps"), ...)
+    trainer.add_callback(RetainedKLCallback(trainer, retained_dataset, every_n_steps=50))
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from kinfolk.callbacks.drift_log import append_row
+from kinfolk.divergence import (
+    DIVERGENCES,
+    DisabledAdapter,
+    ExpectationCache,
+    FrozenCache,
+    HiddenStateCache,
+    OutputHead,
+    ReferenceModel,
+    token_divergence,
+)
+from kinfolk.logprobs import pad_right
+from kinfolk.tokens import sft_tokenize
+
+POSITIONS = ("response", "all")
+CACHES = ("auto", "expectation", "hidden", "log_probs", "none")
+FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
+
+
+def retained_batches(
+    dataset: Dataset,
+    tokenizer,
+    positions: str = "response",
+    max_length: int | None = 1024,
+    batch_size: int = 8,
+    sft_args=None,
+) -> list[dict[str, torch.Tensor]]:
+    """Padded CPU batches of the retained contexts, tokenised exactly as `SFTTrainer` would tokenise them.
+
+    A dataset that already has `input_ids` is used as is (`labels`, when present, mark the response tokens).
+    Rows are sorted by length so batches carry little padding; the pooled mean does not depend on the order.
+    """
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if "input_ids" not in dataset.column_names:
+        if tokenizer is None:
+            raise ValueError("the retained dataset is not tokenised: pass processing_class (the tokenizer)")
+        dataset = sft_tokenize(dataset, tokenizer, sft_args)
+    if positions == "response" and "labels" not in dataset.column_names:
+        raise ValueError(
+            "positions='response' needs `labels` (-100 outside the response) in a pre-tokenised retained dataset; "
+            "pass positions='all' or an SFT-format dataset"
+        )
+    rows = []
+    all_labels = dataset["labels"] if positions == "response" else dataset["input_ids"]
+    for index, (ids, labels) in enumerate(zip(dataset["input_ids"], all_labels)):
+        if len(labels) != len(ids):
+            raise ValueError(f"retained row {index}: {len(ids)} input_ids but {len(labels)} labels")
+        rows.append((list(ids[:max_length]), list(labels[:max_length])))
+    if not rows:
+        raise ValueError("the retained dataset is empty")
+    rows.sort(key=lambda row: -len(row[0]))
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = 0 if pad_id is None else pad_id
+    return [
+        pad_right(
+            [ids for ids, _ in rows[start : start + batch_size]],
+            [lab for _, lab in rows[start : start + batch_size]],
+            pad_id,
+        )
+        for start in range(0, len(rows), batch_size)
+    ]
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+class RetainedKLCallback(TrainerCallback):
+    """Measure retained KL during training; see the module docstring for the frozen-side options.
+
+    Args:
+        trainer: the `transformers.Trainer` (or TRL trainer) it reports through, as TRL's own callbacks take it.
+        retained_dataset: retained contexts in any SFT format, or pre-tokenised (`input_ids`, optional `labels`).
+        processing_class: tokenizer for an untokenised dataset (default: the trainer's).
+        positions: "response" (the tokens the SFT trainer would train on) or "all".
+        every_n_steps: also measure every N optimizer steps (None: only at evaluations and at the end).
+        reference_model: a frozen model to compare with instead of the disabled adapter / starting model.
+        cache: "auto" (default), "expectation", "hidden", "log_probs" or "none" (see the module docstring).
+        cache_top_k: with cache="log_probs", keep the k most likely tokens (None: the whole vocabulary).
+        divergence: "forward_kl" (KL(frozen‖current), the default), "reverse_kl" or "jsd" (with `beta`).
+        batch_size, max_length: measurement batches (max_length default: the trainer's, else 1024).
+        metric_name: the logged name (default "retained_kl").
+        measure_at_start: also measure before the first step (0 for an identity-initialised adapter).
+    """
+
+    def __init__(
+        self,
+        trainer,
+        retained_dataset: Dataset,
+        processing_class=None,
+        positions: str = "response",
+        every_n_steps: int | None = None,
+        reference_model: torch.nn.Module | None = None,
+        cache: str = "auto",
+        cache_top_k: int | None = None,
+        divergence: str = "forward_kl",
+        beta: float = 0.5,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        metric_name: str = "retained_kl",
+        measure_at_start: bool = False,
+    ):
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+        if divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        self.trainer = trainer
+        self.positions = positions
+        self.every_n_steps = every_n_steps
+        self.reference_model = reference_model
+        self.cache = cache
+        self.cache_top_k = cache_top_k
+        self.divergence = divergence
+        self.beta = beta
+        self.metric_name = metric_name
+        self.measure_at_start = measure_at_start
+        tokenizer = processing_class or getattr(trainer, "processing_class", None)
+        max_length = max_length or getattr(trainer.args, "max_length", None) or 1024
+        sft_args = trainer.args if hasattr(trainer.args, "completion_only_loss") else None
+        self.batches = retained_batches(retained_dataset, tokenizer, positions, max_length, batch_size, sft_args)
+        self.frozen = None
+        self.frozen_description = ""
+        self.cache_used = cache
+        self._last_step = None
+
+    # -- set-up -----------------------------------------------------------------------------------------------
+    def _model(self) -> torch.nn.Module:
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def _my_batches(self) -> list[tuple[dict[str, torch.Tensor], float]]:
+        """This process's share, padded with weight-0 repeats so every process runs the same number of forwards
+        (ZeRO-3 and FSDP gather parameters collectively)."""
+        rank, world = self.trainer.args.process_index, self.trainer.args.world_size
+        share = [(batch, 1.0) for batch in self.batches[rank::world]]
+        needed = math.ceil(len(self.batches) / world)
+        return share + [(self.batches[0], 0.0)] * (needed - len(share))
+
+    def _device_batches(self, device) -> list[dict[str, torch.Tensor]]:
+        return [_to(batch, device) for batch, _ in self._my_batches()]
+
+    def _cache_path(self) -> Path:
+        rank = self.trainer.args.process_index
+        return Path(self.trainer.args.output_dir) / FROZEN_CACHE_FILE.format(rank=f".rank{rank}" if rank else "")
+
+    def _cache_kind(self, model: torch.nn.Module, is_peft: bool) -> str:
+        if self.cache != "auto":
+            return self.cache
+        head = OutputHead.of(model)
+        frozen_head = not head.weight.requires_grad and (head.bias is None or not head.bias.requires_grad)
+        linear = head.softcap is None
+        if is_peft and self.reference_model is None and self.divergence == "forward_kl" and frozen_head and linear:
+            return "expectation"
+        return "hidden"
+
+    def _build(self, kind: str, model: torch.nn.Module, batches, disable_adapter: bool):
+        if kind == "expectation":
+            return ExpectationCache.build(model, batches, disable_adapter=disable_adapter)
+        if kind == "hidden":
+            return HiddenStateCache.build(model, batches, disable_adapter=disable_adapter)
+        return FrozenCache.build(model, batches, self.cache_top_k, disable_adapter=disable_adapter)
+
+    def _build_frozen(self, state) -> None:
+        model = self._model()
+        device = OutputHead.of(model).weight.device
+        is_peft = hasattr(model, "disable_adapter")
+        kind = self._cache_kind(model, is_peft)
+        self.cache_used = kind
+        with torch.no_grad():
+            if self.reference_model is not None:
+                self.frozen_description = "reference model"
+                if kind == "none":
+                    self.frozen = ReferenceModel(self.reference_model)
+                elif kind == "hidden":
+                    self.frozen = HiddenStateCache.build(
+                        self.reference_model, self._device_batches(device), copy_head=False
+                    )
+                    self.frozen.head = OutputHead.of(self.reference_model)
+                elif kind == "log_probs":
+                    self.frozen = FrozenCache.build(
+                        self.reference_model, self._device_batches(device), self.cache_top_k
+                    )
+                else:
+                    raise ValueError("cache='expectation' needs the frozen and current heads to be one frozen head")
+                return
+            if is_peft:
+                self.frozen_description = "disabled adapter"
+                if kind == "none":
+                    self.frozen = DisabledAdapter()
+                else:
+                    self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=True)
+                return
+            self.frozen_description = "model at train start"
+            if kind in ("none", "expectation"):
+                raise ValueError(
+                    f"cache={kind!r} needs a PEFT model (its disabled adapter is the frozen model) or, for 'none', "
+                    "reference_model; full fine-tuning changes the only copy, including its head"
+                )
+            path = self._cache_path()
+            if state.global_step > 0:
+                if not path.is_file():
+                    raise FileNotFoundError(
+                        f"resuming at step {state.global_step}, but the frozen-model cache {path} written at train "
+                        "start is missing: the starting model cannot be recovered; pass reference_model="
+                    )
+                self.frozen = (HiddenStateCache if kind == "hidden" else FrozenCache).load(path)
+                return
+            self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=False)
+            self.frozen.save(path)
+
+    # -- measurement ------------------------------------------------------------------------------------------
+    def measure(self) -> dict[str, float]:
+        """Retained KL of the model now: pooled token mean, per-context mean, token and context counts.
+
+        Runs in the weights' own dtype, outside the trainer's mixed-precision autocast: the frozen side is exact,
+        and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3.
+        """
+        model = self._model()
+        device = OutputHead.of(model).weight.device
+        was_training = model.training
+        model.eval()
+        # [divergence sum, tokens, sum of per-context means, contexts, upper-bound sum]
+        totals = torch.zeros(5, dtype=torch.float64, device=device)
+        try:
+            with torch.no_grad():
+                for batch, weight in self._my_batches():
+                    batch = _to(batch, device)
+                    result = token_divergence(
+                        model,
+                        batch["input_ids"],
+                        batch["attention_mask"],
+                        batch["labels"],
+                        self.frozen,
+                        kind=self.divergence,
+                        beta=self.beta,
+                    )
+                    row_sums, row_counts = result.values.sum(-1).double(), result.mask.sum(-1).double()
+                    scored = row_counts > 0
+                    bound = 0.0 if result.upper_bound is None else result.upper_bound.double().sum()
+                    totals += weight * torch.stack(
+                        [
+                            row_sums.sum(),
+                            row_counts.sum(),
+                            (row_sums[scored] / row_counts[scored]).sum(),
+                            scored.sum().double(),
+                            torch.as_tensor(bound, dtype=torch.float64, device=device),
+                        ]
+                    )
+        finally:
+            model.train(was_training)
+        if self.trainer.args.world_size > 1:
+            totals = self.trainer.accelerator.reduce(totals, reduction="sum")
+        total, tokens, context_sum, contexts, bound = totals.tolist()
+        measured = {
+            self.metric_name: total / max(tokens, 1.0),
+            f"{self.metric_name}_context_mean": context_sum / max(contexts, 1.0),
+            f"{self.metric_name}_tokens": int(tokens),
+            f"{self.metric_name}_contexts": int(contexts),
+        }
+        if isinstance(self.frozen, FrozenCache) and self.frozen.top_k is not None:
+            measured[f"{self.metric_name}_upper"] = (total + bound) / max(tokens, 1.0)
+        return measured
+
+    def _measure_and_record(self, args, state, control) -> None:
+        if self._last_step == state.global_step:
+            return
+        self._last_step = state.global_step
+        start = time.perf_counter()
+        measured = self.measure()
+        seconds = time.perf_counter() - start
+        logged = {name: value for name, value in measured.items() if not name.endswith(("_tokens", "_contexts"))}
+        self.trainer.log(logged)
+        if args.process_index == 0:
+            row = {"step": state.global_step, "epoch": state.epoch, **measured}
+            row.update(
+                divergence=self.divergence,
+                positions=self.positions,
+                frozen=self.frozen_description,
+                cache=self.cache_used,
+                seconds=round(seconds, 4),
+            )
+            if control.should_save:
+                row["checkpoint"] = f"checkpoint-{state.global_step}"
+            append_row(args.output_dir, row)
+
+    # -- trainer events ---------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.frozen is None:
+            self._build_frozen(state)
+        if self.measure_at_start and state.global_step == 0:
+            self._measure_and_record(args, state, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            self._measure_and_record(args, state, control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._measure_and_record(args, state, control)
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.process_index == 0:
+            append_row(args.output_dir, {"step": state.global_step, "checkpoint": f"checkpoint-{state.global_step}"})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._measure_and_record(args, state, control)

@@ -1,0 +1,67 @@
+"""`kinfolk eval`: lm-eval's own command line, with kinfolk imported first and kinfolk's tasks on the path.
+
+Every lm-eval option works as usual (`lm-eval run --help`). What changes:
+
+- `import kinfolk` runs before lm-eval builds the model, so `--model_args pretrained=DIR,peft=ADAPTER_DIR`
+  loads kinfolk's adapter types (ATLAS) as well as PEFT's own;
+- kinfolk's `eval_tasks/` are always indexed; `--include_path` adds more folders (several, separated by
+  `os.pathsep`);
+- `--confirm_run_unsafe_code` also switches on kinfolk's sandboxed code execution (the MBPP tasks);
+- `--skip_default_tasks` (kinfolk's own flag) leaves lm-eval's thousands of built-in task YAMLs unindexed, which
+  saves seconds to a minute per run when only kinfolk's and `--include_path` tasks are wanted.
+
+    kinfolk eval --model hf --model_args pretrained=Qwen/Qwen3-8B,peft=runs/atlas \\
+        --tasks kinfolk_mbpp_plus --confirm_run_unsafe_code --log_samples --output_path results/
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
+from kinfolk.eval_tasks import task_dir
+from kinfolk.eval_tasks.execution import ALLOW_ENV
+
+
+def _with_kinfolk_tasks(task_manager_class, include_defaults: bool = True):
+    """A TaskManager that always indexes kinfolk's tasks ahead of the user's `--include_path` folders."""
+
+    class KinfolkTaskManager(task_manager_class):
+        def __init__(self, include_path=None, *args, **kwargs):
+            if not include_defaults:
+                kwargs["include_defaults"] = False
+            if include_path is None:
+                paths = []
+            elif isinstance(include_path, (list, tuple)):
+                paths = list(include_path)
+            else:
+                paths = [part for part in str(include_path).split(os.pathsep) if part]
+            super().__init__(*args, include_path=[str(task_dir()), *paths], **kwargs)
+
+    return KinfolkTaskManager
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import lm_eval.tasks
+    from lm_eval.__main__ import cli_evaluate
+
+    include_defaults = "--skip_default_tasks" not in argv
+    argv = [arg for arg in argv if arg != "--skip_default_tasks"]
+    saved = sys.argv, lm_eval.tasks.TaskManager, os.environ.get(ALLOW_ENV)
+    lm_eval.tasks.TaskManager = _with_kinfolk_tasks(lm_eval.tasks.TaskManager, include_defaults)
+    if "--confirm_run_unsafe_code" in argv:
+        os.environ[ALLOW_ENV] = "1"
+    sys.argv = ["kinfolk eval", *argv]  # lm-eval's CLI reads sys.argv itself
+    try:
+        cli_evaluate()
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:  # leave the process as it was, for callers that run this in-process
+        sys.argv, lm_eval.tasks.TaskManager = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop(ALLOW_ENV, None)
+        else:
+            os.environ[ALLOW_ENV] = saved[2]
+    return 0

@@ -1,0 +1,94 @@
+"""`kinfolk drift` against a small example worked out by hand.
+
+Method "atlas" (the focus) and "lora", two seeds each; checkpoints are (step, target score, retained KL):
+
+    atlas/1: (1, 10, .002) (2, 12, .004) (3, 13, .003)      lora/1: (1, 10, .004) (2, 13, .010)
+    atlas/2: (1, 11, .001) (2, 12, .005) (3, 14, .006)      lora/2: (1, 9, .002) (2, 12, .006) (3, 15, .008)
+
+Shared requirements: from max(10, 11, 10, 9) = 11 to min(13, 14, 13, 15) = 13, i.e. k = 11, 12, 13.
+Lowest KL reaching k:  atlas/1: .003 .003 .003 (mean .003)   atlas/2: .001 .005 .006 (mean .004)
+                       lora/1:  .010 .010 .010 (mean .010)   lora/2:  .006 .006 .008 (mean .02/3)
+Per-seed ratios atlas/lora: .3 and .6, geometric mean √.18 = 0.42426; reduction 57.57%.
+At k = 11: ratios .3 and 1/6, geometric mean √.05 = 0.22361.
+"""
+
+import json
+import math
+
+import pytest
+
+from kinfolk.atomic import OutputExistsError
+from kinfolk.callbacks.drift_log import append_row
+from kinfolk.cli import main
+from kinfolk.drift_report import load_run, parse_requirements, shared_requirements, target_matched
+
+TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
+RUNS = {
+    ("atlas", "1"): [(1, 10, 0.002), (2, 12, 0.004), (3, 13, 0.003)],
+    ("atlas", "2"): [(1, 11, 0.001), (2, 12, 0.005), (3, 14, 0.006)],
+    ("lora", "1"): [(1, 10, 0.004), (2, 13, 0.010)],
+    ("lora", "2"): [(1, 9, 0.002), (2, 12, 0.006), (3, 15, 0.008)],
+}
+
+
+@pytest.fixture
+def run_dirs(tmp_path):
+    dirs = {}
+    for (method, seed), checkpoints in RUNS.items():
+        run = tmp_path / f"{method}-{seed}"
+        for step, target, kl in checkpoints:  # as the two callbacks write them: separate rows per step
+            append_row(run, {"step": step, "retained_kl": kl})
+            append_row(run, {"step": step, TARGET: float(target), "checkpoint": f"checkpoint-{step}"})
+        append_row(run, {"step": 99, "retained_kl": 1e-9})  # KL without a score: not a usable checkpoint
+        dirs[(method, seed)] = run
+    return dirs
+
+
+def test_selection_and_aggregation_by_hand(run_dirs):
+    runs = [load_run(method, seed, path, TARGET) for (method, seed), path in run_dirs.items()]
+    assert shared_requirements(runs) == [11.0, 12.0, 13.0]
+    report = target_matched(runs, "atlas", n_resamples=500)
+    best = {(run["method"], run["seed"]): run["best_kl"] for run in report["runs"]}
+    assert best[("atlas", "1")] == pytest.approx([0.003, 0.003, 0.003])
+    assert best[("atlas", "2")] == pytest.approx([0.001, 0.005, 0.006])
+    assert best[("lora", "1")] == pytest.approx([0.010, 0.010, 0.010])
+    assert best[("lora", "2")] == pytest.approx([0.006, 0.006, 0.008])
+    lora = report["comparisons"]["lora"]
+    assert lora["ratio_by_seed"] == pytest.approx({"1": 0.3, "2": 0.6})
+    assert lora["ratio"]["estimate"] == pytest.approx(math.sqrt(0.18))
+    assert lora["reduction"]["estimate"] == pytest.approx(1 - math.sqrt(0.18))
+    # two seeds: the bootstrap can only draw {.3,.3}, {.3,.6}, {.6,.6}
+    assert lora["ratio"]["low"] == pytest.approx(0.3) and lora["ratio"]["high"] == pytest.approx(0.6)
+    assert lora["ratio_by_requirement"][0] == pytest.approx(math.sqrt(0.05))
+    assert report["methods"]["atlas"]["mean_kl"] == pytest.approx(math.sqrt(0.003 * 0.004))
+    assert report["methods"]["lora"]["mean_kl"] == pytest.approx(math.sqrt(0.010 * 0.02 / 3))
+
+
+def test_explicit_requirements_drop_unreached_ones(run_dirs):
+    runs = [load_run(method, seed, path, TARGET) for (method, seed), path in run_dirs.items()]
+    report = target_matched(runs, "atlas", requirements=parse_requirements("12:14"), n_resamples=100)
+    assert report["requirements"] == [12.0, 13.0] and report["unreached_requirements"] == [14.0]
+    with pytest.raises(ValueError, match="no requirement"):
+        target_matched(runs, "atlas", requirements=[20.0])
+    with pytest.raises(ValueError, match="'dora' has no runs"):
+        target_matched(runs, "dora")
+
+
+def test_cli_writes_markdown_json_and_plot(run_dirs, tmp_path, capsys):
+    argv = ["drift", "--method", "atlas", "--target", TARGET, "--out", str(tmp_path / "report"), "--bootstrap", "200"]
+    for (method, seed), path in run_dirs.items():
+        argv += ["--run", method, seed, str(path)]
+    assert main(argv) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| lora | 2 |" in text and "0.4243" in text and "57.57%" in text
+    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert saved["comparisons"]["lora"]["ratio"]["estimate"] == pytest.approx(math.sqrt(0.18))
+    assert (tmp_path / "report" / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(OutputExistsError):
+        main(argv)
+    assert main([*argv, "--overwrite"]) == 0
+
+
+def test_missing_keys_are_named(run_dirs):
+    with pytest.raises(ValueError, match="no step with both 'lm_eval/other'"):
+        load_run("atlas", "1", run_dirs[("atlas", "1")], "lm_eval/other")

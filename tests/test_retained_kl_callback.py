@@ -1,0 +1,117 @@
+"""RetainedKLCallback inside real SFTTrainer runs, checked against a full-softmax KL computed independently."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from trl import SFTConfig, SFTTrainer
+
+from kinfolk.callbacks.drift_log import read_rows, steps
+from kinfolk.callbacks.retained_kl import RetainedKLCallback, retained_batches
+from kinfolk.testing import build_model, perturbed_copy, prompt_completion_dataset
+from kinfolk.tokens import sft_tokenize
+
+
+def sft_config(tmp_path, **overrides):
+    values = {
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 3,
+        "per_device_train_batch_size": 4,
+        "learning_rate": 5e-2,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "seed": 0,
+        "max_length": 64,
+        "dataloader_num_workers": 0,
+        "bf16": False,  # accelerate would wrap forward in CPU autocast, and the reference must be fp32
+    }
+    values.update(overrides)
+    return SFTConfig(**values)
+
+
+def reference_retained_kl(frozen, current, tokenizer, retained, positions="response"):
+    """Pooled token mean of KL(frozen‖current) from full logits, one context at a time."""
+    tokens = sft_tokenize(retained, tokenizer)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids, labels in zip(tokens["input_ids"], tokens["labels"]):
+            ids_t = torch.tensor([ids])
+            log_p = torch.log_softmax(frozen(input_ids=ids_t).logits[0, :-1].float(), -1)
+            log_q = torch.log_softmax(current(input_ids=ids_t).logits[0, :-1].float(), -1)
+            scored = (
+                torch.tensor(labels[1:]) != -100 if positions == "response" else torch.ones(len(ids) - 1, dtype=bool)
+            )
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            total += float(kl[scored].sum())
+            count += int(scored.sum())
+    return total / count
+
+
+@pytest.mark.parametrize("cache", ["auto", "hidden", "none", "log_probs"])
+def test_lora_run_logs_the_reference_kl(tmp_path, tiny_tokenizer, cache):
+    base = build_model("llama", tokenizer=tiny_tokenizer)
+    frozen = perturbed_copy(base, scale=0.0)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+    retained = prompt_completion_dataset(6, seed=7)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(tmp_path),
+        train_dataset=prompt_completion_dataset(16),
+        processing_class=tiny_tokenizer,
+    )
+    callback = RetainedKLCallback(trainer, retained, every_n_steps=1, batch_size=4, cache=cache, measure_at_start=True)
+    trainer.add_callback(callback)
+    trainer.train()
+
+    rows = steps(read_rows(tmp_path / "run"))
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[0]["retained_kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA starts as the identity
+    expected = reference_retained_kl(frozen, model, tiny_tokenizer, retained)
+    assert expected > 1e-4  # training really moved the model
+    assert rows[3]["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    assert rows[3]["retained_kl_tokens"] == sum(
+        sum(label != -100 for label in labels[1:]) for labels in sft_tokenize(retained, tiny_tokenizer)["labels"]
+    )
+    assert rows[3]["frozen"] == "disabled adapter"
+    assert rows[3]["cache"] == ("expectation" if cache == "auto" else cache)
+    logged = [entry for entry in trainer.state.log_history if "retained_kl" in entry]
+    assert [entry["step"] for entry in logged] == [0, 1, 2, 3]
+    model.train()
+    assert callback.measure()["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    assert model.training  # measuring switches to eval mode and back
+
+
+def test_full_fine_tuning_measures_against_the_start_and_survives_resume(tmp_path, tiny_tokenizer):
+    retained = prompt_completion_dataset(5, seed=3)
+
+    def run(max_steps, resume):
+        model = build_model("qwen2", tokenizer=tiny_tokenizer)  # tied head: the head moves during training
+        args = sft_config(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=2, learning_rate=1e-2)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=prompt_completion_dataset(16), processing_class=tiny_tokenizer
+        )
+        trainer.add_callback(RetainedKLCallback(trainer, retained, every_n_steps=2, positions="all"))
+        trainer.train(resume_from_checkpoint=resume)
+        return model
+
+    run(2, None)
+    model = run(4, True)
+    rows = steps(read_rows(tmp_path / "run"))
+    assert rows[2]["checkpoint"] == "checkpoint-2"
+    start = build_model("qwen2", tokenizer=tiny_tokenizer)
+    expected = reference_retained_kl(start, model, tiny_tokenizer, retained, positions="all")
+    assert expected > 1e-4
+    assert rows[4]["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    assert rows[4]["frozen"] == "model at train start"
+    assert (tmp_path / "run" / "retained_kl_frozen.safetensors").is_file()
+
+
+def test_retained_batches_validate_their_input(tiny_tokenizer):
+    with pytest.raises(ValueError, match="positions"):
+        retained_batches(prompt_completion_dataset(2), tiny_tokenizer, positions="prompt")
+    tokenized = prompt_completion_dataset(2).map(lambda row: {"input_ids": [1, 2, 3]})
+    with pytest.raises(ValueError, match="needs `labels`"):
+        retained_batches(tokenized.remove_columns(["prompt", "completion"]), tiny_tokenizer)
+    batches = retained_batches(tokenized, tiny_tokenizer, positions="all", batch_size=1)
+    assert len(batches) == 2 and batches[0]["input_ids"].tolist() == [[1, 2, 3]]

@@ -1,0 +1,33 @@
+"""ATLANTIS: per-example SFT weights from how a small model's instruction tuning moved its probabilities.
+
+`score_dataset` runs the large base, small base and reference models over an SFT dataset (cached, resumable,
+multi-process) and adds their response log-probs and a `weight` column; `compute_weights` re-derives the weights
+with other options without any forward pass; `weight_report` / `compare_weights` diagnose them. The command
+line is `kinfolk score`.
+"""
+
+from kinfolk.trainers.atlantis.config import FORMULAS, NORMALIZATIONS, ROLES, ScoreConfig, WeightConfig
+from kinfolk.trainers.atlantis.diagnostics import compare_weights, format_report, weight_report, write_report
+from kinfolk.trainers.atlantis.pipeline import score_dataset
+from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, score_model
+from kinfolk.trainers.atlantis.selection import ifd_scores, select_top_fraction
+from kinfolk.trainers.atlantis.weights import compute_weights
+
+__all__ = [
+    "FORMULAS",
+    "NORMALIZATIONS",
+    "ROLES",
+    "ModelScores",
+    "ScoreConfig",
+    "ScoringError",
+    "WeightConfig",
+    "compare_weights",
+    "compute_weights",
+    "format_report",
+    "ifd_scores",
+    "score_dataset",
+    "score_model",
+    "select_top_fraction",
+    "weight_report",
+    "write_report",
+]

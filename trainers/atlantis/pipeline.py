@@ -1,0 +1,131 @@
+"""`score_dataset`: a dataset in, the same dataset out with per-model scores and a weight column.
+
+Reads top to bottom: check the columns and responses → (optional) IFD selection → score each model in turn
+(one in memory at a time, cached per model) → response bytes → `compute_weights`. The weight step can be re-run
+on the result with other options, without any forward pass.
+
+>>> import tempfile
+>>> from kinfolk.testing import TinyKit, prompt_completion_dataset
+>>> kit = TinyKit(tempfile.mkdtemp())
+>>> family = kit.family("qwen2")
+>>> scored = score_dataset(prompt_completion_dataset(6), large_base=family["large_base"],
+...                        small_base=family["small_base"], reference=family["small_instruct"], use_cache=False)
+>>> scored.column_names  # doctest: +NORMALIZE_WHITESPACE
+['prompt', 'completion', 'large_base_logprob', 'large_base_tokens', 'small_base_logprob', 'small_base_tokens',
+ 'reference_logprob', 'reference_tokens', 'response_bytes', 'weight']
+>>> round(sum(scored["weight"]) / len(scored), 6)
+1.0
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from accelerate import PartialState
+from datasets import Dataset
+
+from kinfolk.tokens import response_bytes, response_text
+from kinfolk.trainers.atlantis.config import (
+    RESPONSE_BYTES_COLUMN,
+    ROLES,
+    ScoreConfig,
+    logprob_column,
+    resolve_config,
+    tokens_column,
+)
+from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, process_state, score_model, text_columns
+from kinfolk.trainers.atlantis.selection import ifd_scores, response_only_dataset, select_top_fraction
+from kinfolk.trainers.atlantis.weights import compute_weights
+
+logger = logging.getLogger(__name__)
+
+IFD_COLUMN = "ifd"
+
+
+def output_columns(config: ScoreConfig) -> list[str]:
+    per_role = [name for role in ROLES for name in (logprob_column(role), tokens_column(role))]
+    return [*per_role, RESPONSE_BYTES_COLUMN, IFD_COLUMN, config.weight_column]
+
+
+def response_byte_counts(dataset: Dataset, text_field: str = "text") -> np.ndarray:
+    """UTF-8 bytes of each row's response; refuses empty responses, naming the rows."""
+    columns = text_columns(dataset, text_field)
+    counts, empty = [], []
+    for row, example in enumerate(dataset.select_columns(columns)):
+        if not response_text(example, text_field).strip():
+            empty.append(row)
+        counts.append(response_bytes(example, text_field))
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (f", ... ({len(empty)} rows)" if len(empty) > 10 else "")
+        raise ScoringError(f"rows [{shown}] have an empty response; remove them before scoring")
+    return np.asarray(counts, dtype=np.int64)
+
+
+def _with_scores(dataset: Dataset, scores: ModelScores) -> Dataset:
+    dataset = dataset.add_column(logprob_column(scores.role), scores.logprob.tolist())
+    return dataset.add_column(tokens_column(scores.role), scores.tokens.tolist())
+
+
+def _select_by_ifd(
+    dataset: Dataset, model: str | Path, config: ScoreConfig, state: PartialState
+) -> tuple[np.ndarray, np.ndarray, ModelScores]:
+    """The rows to keep (top `select_fraction` by IFD), every row's IFD, and the kept rows' conditional scores."""
+    role = config.ifd_model
+    conditional = score_model(dataset, model, role, config, state)
+    alone = score_model(response_only_dataset(dataset), model, f"{role}, response only", config, state)
+    ifd = ifd_scores(conditional.logprob, conditional.tokens, alone.logprob, alone.tokens)
+    keep = select_top_fraction(ifd, config.select_fraction)
+    if state.is_main_process:
+        logger.info("IFD selection kept %d of %d rows (by the %s model)", len(keep), len(dataset), role)
+    if not len(keep):
+        raise ScoringError(f"IFD selection kept no row: every row of {len(dataset)} has IFD >= 1 or no score")
+    selected = ModelScores(
+        role, conditional.model, conditional.logprob[keep], conditional.tokens[keep], conditional.skipped[keep]
+    )
+    return keep, ifd, selected
+
+
+def score_dataset(
+    dataset: Dataset,
+    large_base: str | Path | None = None,
+    small_base: str | Path | None = None,
+    reference: str | Path | None = None,
+    config: ScoreConfig | None = None,
+    state: PartialState | None = None,
+    **options,
+) -> Dataset:
+    """Score `dataset` with each given model and add the weight column (see `ScoreConfig` for `options`).
+
+    Columns added: `<role>_logprob` (sum of response log-probs; NaN if the row was skipped) and `<role>_tokens`
+    for each role given, `response_bytes`, `ifd` when `select_fraction` is set, and the weight column. Under
+    `accelerate launch` every process returns the same dataset.
+    """
+    config = resolve_config(ScoreConfig, config, options)
+    state = state or process_state()
+    models = {role: path for role, path in zip(ROLES, (large_base, small_base, reference)) if path is not None}
+    needed = set(config.roles) | ({config.ifd_model} if config.select_fraction else set())
+    missing = [role for role in ROLES if role in needed and role not in models]
+    if missing:
+        raise ValueError(
+            f"formula {config.formula!r}"
+            + (f" and IFD by {config.ifd_model}" if config.select_fraction else "")
+            + f" need the {', '.join(missing)} model(s); given: {', '.join(models) or 'none'}"
+        )
+    stale = [name for name in output_columns(config) if name in dataset.column_names]
+    scored = dataset.remove_columns(stale) if stale else dataset
+    byte_counts = response_byte_counts(scored, config.dataset_text_field)
+
+    precomputed: dict[str, ModelScores] = {}
+    if config.select_fraction is not None:
+        keep, ifd, precomputed[config.ifd_model] = _select_by_ifd(scored, models[config.ifd_model], config, state)
+        scored = scored.select(keep).add_column(IFD_COLUMN, ifd[keep].tolist())
+        byte_counts = byte_counts[keep]
+    for role, model in models.items():
+        scores = precomputed.get(role) or score_model(scored, model, role, config, state)
+        if scores.n_skipped and state.is_main_process:
+            logger.warning("%s model %s: skipped %d overlong rows", role, model, scores.n_skipped)
+        scored = _with_scores(scored, scores)
+    scored = scored.add_column(RESPONSE_BYTES_COLUMN, byte_counts.tolist())
+    return compute_weights(scored, config.weight_config())

@@ -1,0 +1,148 @@
+"""`kinfolk sft`: the `trl sft` command with `WeightedSFTTrainer`.
+
+Same parser (`TrlParser` over TRL's `ScriptArguments`, the SFT config, `ModelConfig`, `DatasetMixtureConfig`), same
+flags, same YAML keys (`--config run.yaml`), plus the weight options of `WeightedSFTConfig`; arguments neither
+knows go to `accelerate launch`, which starts this module on every process, exactly as `trl sft` does:
+
+    kinfolk sft --config run.yaml --num_processes 2            # any `accelerate launch` flag, or its YAML key
+    kinfolk sft --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name ./weighted \\
+        --weight_column weight --prompt_loss_weight 0.1 --use_peft --lora_r 16 --output_dir out
+
+`--dataset_name` also takes a directory written by `Dataset.save_to_disk` (the scoring step's output).
+
+Other components add option groups (`SFTExtension`): a dataclass parsed with the rest (flags and YAML keys), a hook
+that turns the parsed options into the `peft_config` to train, and a hook that runs on the built trainer before
+training (e.g. to fit data-dependent adapter state). Append one to `EXTENSIONS`.
+
+>>> parser = make_parser()
+>>> script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(
+...     ["--output_dir", "out", "--use_cpu", "--weight_reduction", "sequence", "--dataset_name", "data"]
+... )
+>>> training_args.weight_reduction, script_args.dataset_name
+('sequence', 'data')
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+
+from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
+
+PROG = "kinfolk sft"
+
+
+@dataclass(frozen=True)
+class SFTExtension:
+    """An option group of `kinfolk sft`.
+
+    `arguments` is a dataclass (fields with `metadata={"help": ...}`) parsed beside TRL's; `peft_config(options,
+    model_args)` may return the `PeftConfig` to train (at most one source of adapters per run); `prepare(options,
+    trainer)` runs once the trainer is built, before training.
+    """
+
+    arguments: type
+    peft_config: Callable[[Any, ModelConfig], Any] | None = None
+    prepare: Callable[[Any, Any], None] | None = None
+
+
+# Option groups parsed alongside TRL's; the ATLAS adapter options join here.
+EXTENSIONS: list[SFTExtension] = []
+
+
+def make_parser(prog: str = PROG) -> TrlParser:
+    dataclass_types = (ScriptArguments, WeightedSFTConfig, ModelConfig, DatasetMixtureConfig)
+    return TrlParser((*dataclass_types, *(extension.arguments for extension in EXTENSIONS)), prog=prog)
+
+
+def load_datasets(script_args: ScriptArguments, dataset_args: DatasetMixtureConfig):
+    """The dataset splits as `trl sft` loads them; a `save_to_disk` directory is read with `load_from_disk`."""
+    from datasets import load_dataset, load_from_disk
+    from trl import get_dataset
+
+    if dataset_args.datasets:
+        return get_dataset(dataset_args)
+    if not script_args.dataset_name:
+        raise ValueError("Either `datasets` or `dataset_name` must be provided.")
+    path = Path(script_args.dataset_name)
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        loaded = load_from_disk(str(path))
+        return loaded if hasattr(loaded, "keys") else {script_args.dataset_train_split: loaded}
+    return load_dataset(
+        script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
+    )
+
+
+def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
+    """The one adapter to train: TRL's `--use_peft` LoRA or an extension's; None for full fine-tuning."""
+    from trl import get_peft_config
+
+    candidates = [("--use_peft", get_peft_config(model_args))]
+    for extension, options in zip(EXTENSIONS, extension_options):
+        if extension.peft_config is not None:
+            candidates.append((extension.arguments.__name__, extension.peft_config(options, model_args)))
+    chosen = [(source, config) for source, config in candidates if config is not None]
+    if len(chosen) > 1:
+        sources = ", ".join(source for source, _ in chosen)
+        raise ValueError(f"several adapters were requested ({sources}); choose one")
+    return chosen[0][1] if chosen else None
+
+
+def train(script_args, training_args, model_args, dataset_args, *extension_options):
+    """What each launched process runs: `trl sft`'s script with WeightedSFTTrainer and the extensions' hooks."""
+    from trl import get_quantization_config
+
+    from kinfolk.trainers.weighted_sft_trainer import WeightedSFTTrainer
+
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    dataset = load_datasets(script_args, dataset_args)
+    evaluating = training_args.eval_strategy != "no"
+    trainer = WeightedSFTTrainer(
+        model=model_args.model_name_or_path,
+        args=training_args,
+        train_dataset=dataset[script_args.dataset_train_split],
+        eval_dataset=dataset[script_args.dataset_test_split] if evaluating else None,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=build_peft_config(model_args, extension_options),
+    )
+    for extension, options in zip(EXTENSIONS, extension_options):
+        if extension.prepare is not None:
+            extension.prepare(options, trainer)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    trainer.end()
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
+    script_args = _subtract_subsequence(argv, cli_remaining)
+    launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
+    return 0
+
+
+if __name__ == "__main__":
+    train(*make_parser().parse_args_and_config(fail_with_unknown_args=False))
