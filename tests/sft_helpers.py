@@ -33,12 +33,16 @@ def config(cls, output_dir, **overrides):
     return cls(output_dir=str(output_dir), **{**CPU_FP32, **overrides})
 
 
-def weighted_trainer(tokenizer, data, output_dir, model=None, **overrides) -> WeightedSFTTrainer:
+def weighted_trainer(
+    tokenizer, data, output_dir, model=None, peft_config=None, retained_dataset=None, **overrides
+) -> WeightedSFTTrainer:
     return WeightedSFTTrainer(
         model=model or build_model("llama", tokenizer=tokenizer),
         args=config(WeightedSFTConfig, output_dir, **overrides),
         train_dataset=data,
         processing_class=tokenizer,
+        peft_config=peft_config,
+        retained_dataset=retained_dataset,
     )
 
 

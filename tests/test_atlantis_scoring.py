@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from atlantis_helpers import reference_scores
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -25,35 +26,6 @@ from kinfolk.trainers.atlantis import ScoreConfig, ScoringError, score_dataset, 
 from kinfolk.trainers.atlantis import scoring as scoring_module
 
 NO_CACHE = ScoreConfig(use_cache=False)
-
-
-def reference_scores(model_dir, dataset) -> tuple[np.ndarray, np.ndarray]:
-    """Response log-prob sums and token counts, one example at a time from full float64 logits.
-
-    Written without kinfolk: prompt/completion rows are tokenised as prompt, then prompt + completion + EOS
-    (the response is every token after the prompt's); messages rows through the chat template's own
-    assistant mask.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    sums, counts = [], []
-    for example in dataset:
-        if "messages" in example:
-            encoded = tokenizer.apply_chat_template(
-                example["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-            )
-            ids, scored = encoded["input_ids"], encoded["assistant_masks"]
-        else:
-            prompt_ids = tokenizer(example["prompt"])["input_ids"]
-            ids = tokenizer(example["prompt"] + example["completion"] + tokenizer.eos_token)["input_ids"]
-            scored = [0] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids))
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].double()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        positions = [t for t in range(1, len(ids)) if scored[t]]
-        sums.append(sum(log_probs[t - 1, ids[t]].item() for t in positions))
-        counts.append(len(positions))
-    return np.array(sums), np.array(counts)
 
 
 def varied_dataset(n: int = 12, seed: int = 3) -> Dataset:

@@ -212,3 +212,30 @@ def test_config_rejects_bad_weight_options(tmp_path):
     ]:
         with pytest.raises(ValueError, match=message):
             WeightedSFTConfig(output_dir=str(tmp_path), use_cpu=True, **options)
+
+
+def test_a_streamed_dataset_trains_and_reports_a_bad_weight_by_row(tiny_tokenizer, tmp_path):
+    streamed = weighted_data(4, [0.5, 2.0, 1.0, 1.0]).to_iterable_dataset()
+    trainer = weighted_trainer(tiny_tokenizer, streamed, tmp_path / "ok", per_device_train_batch_size=2)
+    trainer.train()
+    assert trainer.state.log_history[0]["weight/mean"] == 1.25  # the first two rows
+    bad = weighted_data(4, [1.0, 1.0, float("nan"), 1.0]).to_iterable_dataset()
+    trainer = weighted_trainer(tiny_tokenizer, bad, tmp_path / "bad", per_device_train_batch_size=2, max_steps=2)
+    with pytest.raises(WeightColumnError, match="row 2 holds nan"):
+        trainer.train()
+
+
+def test_an_sft_config_is_upgraded_with_the_weight_options_at_their_defaults(tiny_tokenizer, tmp_path):
+    from trl import SFTConfig
+
+    from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+    trainer = WeightedSFTTrainer(
+        model=build_model("llama", tokenizer=tiny_tokenizer),
+        args=config(SFTConfig, tmp_path, eos_token="<|im_end|>", per_device_train_batch_size=3),
+        train_dataset=weighted_data(3),
+        processing_class=tiny_tokenizer,
+    )
+    assert isinstance(trainer.args, WeightedSFTConfig)
+    assert (trainer.args.eos_token, trainer.args.per_device_train_batch_size) == ("<|im_end|>", 3)
+    assert (trainer.args.weight_column, trainer.args.weight_reduction) == ("weight", "token")

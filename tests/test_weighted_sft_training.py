@@ -152,8 +152,9 @@ DDP_JOB = Path(__file__).with_name("weighted_sft_ddp_job.py")
 
 
 @pytest.mark.slow
-def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_path):
-    """Two CPU processes (gloo) with 4 rows each give the update of one process with all 8 rows.
+@pytest.mark.parametrize("mode", ["weights", "output_kl"])
+def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_path, mode):
+    """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows.
 
     accelerate 1.15 runs `--cpu --num_processes 2` as a single process unless an MPI hostfile is given;
     `--multi_gpu` on a machine without GPUs starts two torchrun workers that use gloo on the CPU.
@@ -161,11 +162,11 @@ def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_pa
     out = tmp_path / "ddp.pt"
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, str(tmp_path / "run"), str(out)], check=True, env=environment, timeout=600)
+    subprocess.run([*command, mode, str(tmp_path / "run"), str(out)], check=True, env=environment, timeout=600)
     sys.path.insert(0, str(DDP_JOB.parent))
     from weighted_sft_ddp_job import train_once
 
-    single = train_once(tiny_tokenizer, tmp_path / "single", per_device_batch=8)
+    single = train_once(tiny_tokenizer, tmp_path / "single", mode, processes=1)
     launched = torch.load(out)
     assert (launched["num_processes"], launched["backend"]) == (2, "gloo")
     assert launched["num_tokens"] == single.state.log_history[0]["num_tokens"]  # the same 8 rows in all

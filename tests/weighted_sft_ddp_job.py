@@ -1,14 +1,19 @@
-"""One SGD step of WeightedSFTTrainer on 8 weighted rows; run under `accelerate launch` by the DDP test.
+"""One SGD step of WeightedSFTTrainer on 8 weighted rows; run under `accelerate launch` by the DDP tests.
 
-`python -m accelerate.commands.launch --num_processes 2 --cpu weighted_sft_ddp_job.py RUN_DIR OUT.pt` trains with
-4 rows per process and writes the updated parameters (and the process count) to OUT.pt; the test compares them with one process, 8 rows.
+`python -m accelerate.commands.launch --multi_gpu --num_processes 2 weighted_sft_ddp_job.py MODE RUN_DIR OUT.pt`
+trains with 4 rows per process and writes the updated parameters (and the process count) to OUT.pt; the tests
+compare them with one process that takes the same 8 rows as 2 micro-batches of 4 (gradient accumulation).
+MODE `weights`: full fine-tuning with example weights; `output_kl`: LoRA with the Output-KL regulariser too.
 """
 
 from __future__ import annotations
 
 import sys
 
+from peft import LoraConfig
 from sft_helpers import parameters, weighted_data, weighted_trainer
+
+from kinfolk.testing import text_dataset
 
 WEIGHTS = [0.3, 1.7, 0.0, 2.5, 0.8, 1.1, 4.0, 0.6]
 OPTIONS = {
@@ -18,11 +23,27 @@ OPTIONS = {
     "weight_reduction": "self_normalized",  # D differs between the ranks, so only a global D passes
     "prompt_loss_weight": 0.2,
 }
+MODES = {
+    "weights": {},
+    "output_kl": {
+        "peft_config": LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        "retained_dataset": text_dataset(6, seed=7),
+        "output_kl_coef": 2.0,
+        "output_kl_batch_size": 2,
+    },
+}
 
 
-def train_once(tokenizer, output_dir, per_device_batch: int):
+def train_once(tokenizer, output_dir, mode: str, processes: int):
+    """Rank r's retained batch is the one micro-batch r gets in a single process with `processes` micro-batches."""
     trainer = weighted_trainer(
-        tokenizer, weighted_data(8, WEIGHTS), output_dir, per_device_train_batch_size=per_device_batch, **OPTIONS
+        tokenizer,
+        weighted_data(8, WEIGHTS),
+        output_dir,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2 // processes,
+        **OPTIONS,
+        **MODES[mode],
     )
     trainer.train()
     return trainer
@@ -35,17 +56,11 @@ if __name__ == "__main__":
 
     from kinfolk.testing import build_tokenizer
 
-    run_dir, out = sys.argv[1:3]
+    mode, run_dir, out = sys.argv[1:4]
     # The launcher's WORLD_SIZE: the trainer's own distributed state exists only once the trainer does.
-    trainer = train_once(build_tokenizer(), run_dir, per_device_batch=8 // int(os.environ.get("WORLD_SIZE", "1")))
+    trainer = train_once(build_tokenizer(), run_dir, mode, processes=int(os.environ.get("WORLD_SIZE", "1")))
     state = trainer.accelerator.state
     if state.is_main_process:
         summary = {"num_processes": state.num_processes, "backend": state.backend}
-        torch.save(
-            {
-                **summary,
-                "num_tokens": trainer.state.log_history[0]["num_tokens"],
-                "parameters": parameters(trainer.model),
-            },
-            out,
-        )
+        summary["num_tokens"] = trainer.state.log_history[0]["num_tokens"]
+        torch.save({**summary, "parameters": parameters(trainer.model)}, out)

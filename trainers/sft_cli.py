@@ -27,7 +27,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
@@ -62,19 +61,19 @@ def make_parser(prog: str = PROG) -> TrlParser:
 
 def load_datasets(script_args: ScriptArguments, dataset_args: DatasetMixtureConfig):
     """The dataset splits as `trl sft` loads them; a `save_to_disk` directory is read with `load_from_disk`."""
-    from datasets import load_dataset, load_from_disk
     from trl import get_dataset
+
+    from kinfolk.trainers.data_sources import load_splits
 
     if dataset_args.datasets:
         return get_dataset(dataset_args)
     if not script_args.dataset_name:
         raise ValueError("Either `datasets` or `dataset_name` must be provided.")
-    path = Path(script_args.dataset_name)
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        loaded = load_from_disk(str(path))
-        return loaded if hasattr(loaded, "keys") else {script_args.dataset_train_split: loaded}
-    return load_dataset(
-        script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
+    return load_splits(
+        script_args.dataset_name,
+        script_args.dataset_config,
+        script_args.dataset_streaming,
+        split=script_args.dataset_train_split,
     )
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from kinfolk.divergence import DIVERGENCES
+
 WEIGHT_REDUCTIONS = ("token", "sequence", "self_normalized")
 
 
@@ -44,6 +46,23 @@ class WeightedSFTConfig(SFTConfig):
         prompt_loss_weight (`float`, *optional*, defaults to `0.0`):
             Weight of the tokens SFTTrainer leaves out of the loss (the prompt under completion-only loss, the
             non-assistant turns under assistant-only loss): 0 is SFTTrainer's behaviour, 1 trains the full sequence.
+
+    Parameters of the regularisers against forgetting (see `kinfolk.trainers.regularisers`):
+        retained_dataset_name (`str` or `None`, *optional*):
+            Retained data (a Hub dataset, a data folder or a `save_to_disk` folder) for replay and Output-KL; the
+            trainer's `retained_dataset` argument takes precedence.
+        retained_dataset_split (`str`, *optional*, defaults to `"train"`):
+            Split of `retained_dataset_name` to use.
+        replay_ratio (`float`, *optional*, defaults to `0.0`):
+            Fraction of the training examples drawn from the retained data (Replay).
+        replay_weight (`float`, *optional*, defaults to `1.0`):
+            Example weight of the replayed examples.
+        output_kl_coef (`float`, *optional*, defaults to `0.0`):
+            λ of the Output-KL term λ·KL(frozen‖current) on retained batches (PEFT models: frozen = adapters off).
+        output_kl_divergence (`str`, *optional*, defaults to `"forward_kl"`):
+            Divergence of the Output-KL term: `"forward_kl"` KL(frozen‖current), `"reverse_kl"` or `"jsd"`.
+        output_kl_batch_size (`int` or `None`, *optional*):
+            Retained examples per micro-batch for Output-KL (default: `per_device_train_batch_size`).
     """
 
     weight_column: str | None = field(
@@ -90,6 +109,41 @@ class WeightedSFTConfig(SFTConfig):
         },
     )
 
+    retained_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Retained data for replay and Output-KL: a Hub dataset, a data folder or a `save_to_disk` folder "
+            "(the trainer's `retained_dataset` argument takes precedence)."
+        },
+    )
+    retained_dataset_split: str = field(default="train", metadata={"help": "Split of `retained_dataset_name` to use."})
+    replay_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "Replay: fraction of the training examples drawn from the retained data (0 = no replay; "
+            "0.25 = one retained example for every three training examples)."
+        },
+    )
+    replay_weight: float = field(default=1.0, metadata={"help": "Example weight of the replayed retained examples."})
+    output_kl_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "Output-KL: λ of the term λ·KL(frozen‖current) on a retained batch per micro-batch, the frozen "
+            "distribution being the PEFT model with its adapters disabled (0 = off)."
+        },
+    )
+    output_kl_divergence: str = field(
+        default="forward_kl",
+        metadata={
+            "help": "Divergence of the Output-KL term: 'forward_kl' KL(frozen‖current), 'reverse_kl' or 'jsd'.",
+            "choices": list(DIVERGENCES),
+        },
+    )
+    output_kl_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Retained examples per micro-batch for Output-KL (default: per_device_train_batch_size)."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.weight_reduction not in WEIGHT_REDUCTIONS:
@@ -102,6 +156,13 @@ class WeightedSFTConfig(SFTConfig):
             bound = getattr(self, name)
             if bound is not None and not bound >= 0:
                 raise ValueError(f"{name}={bound} must be a non-negative number (weights are non-negative)")
+        if not 0.0 <= self.replay_ratio < 1.0:
+            raise ValueError(f"replay_ratio={self.replay_ratio} must lie in [0, 1)")
+        for name in ("replay_weight", "output_kl_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be non-negative")
+        if self.output_kl_batch_size is not None and self.output_kl_batch_size < 1:
+            raise ValueError(f"output_kl_batch_size={self.output_kl_batch_size} must be at least 1")
         if (
             self.weight_clip_min is not None
             and self.weight_clip_max is not None

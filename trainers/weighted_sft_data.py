@@ -129,14 +129,20 @@ class WeightTransform:
 
 
 def token_weight_columns(
-    example: dict[str, Any], row: int, transform: WeightTransform | None, prompt_loss_weight: float
+    example: dict[str, Any],
+    row: int,
+    transform: WeightTransform | None,
+    prompt_loss_weight: float,
+    weight: float = 1.0,
 ) -> dict[str, Any]:
     """Per-token weight columns of one tokenised example (labels as TRL built them: -100 where it trains not).
 
+    The example weight is `transform` applied to the example's weight column, or `weight` without a transform.
     With `prompt_loss_weight > 0` the untrained tokens get their labels back, since they now carry a loss.
     """
     labels = example["labels"]
-    weight = 1.0 if transform is None else transform(example[transform.column], row)
+    if transform is not None:
+        weight = transform(example[transform.column], row)
     trained = np.asarray(labels) != IGNORE_INDEX
     columns = {
         EXAMPLE_WEIGHTS: np.full(len(labels), weight, dtype=np.float32),

@@ -13,8 +13,12 @@ truncation, packing (each packed example keeps its own weight) and padding-free 
 `packing_strategy="wrapped"` cuts examples without recording where they start: the `sequence` reduction, which
 counts examples, refuses it, and the logged weight statistics treat each wrapped row as one example.
 
+Regularisers against forgetting, on retained data (`retained_dataset=` or `retained_dataset_name`): Replay
+(`replay_ratio`) and Output-KL (`output_kl_coef`); see `kinfolk.trainers.regularisers`.
+
 Logged on top of TRL's metrics: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log
-and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw².
+and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw²; with Output-KL,
+`output_kl`.
 
 >>> import tempfile
 >>> from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
@@ -49,6 +53,8 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
 from kinfolk.tokens import IGNORE_INDEX
+from kinfolk.trainers.data_sources import load_splits
+from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 from kinfolk.trainers.weighted_sft_data import (
     LOSS_WEIGHTS,
@@ -126,8 +132,22 @@ def _weighted_config(args: TrainingArguments | None, model: Any) -> WeightedSFTC
         name = model if isinstance(model, str) else model.config.name_or_path or type(model).__name__
         return WeightedSFTConfig(f"{str(name).split('/')[-1]}-WeightedSFT")
     values = args.to_dict()
-    values["hub_token"] = args.hub_token  # to_dict hides it
+    # to_dict masks every `*_token` field (hub_token, eos_token, pad_token): take the real values back
+    values.update({key: getattr(args, key) for key in values if key.endswith("_token")})
     return WeightedSFTConfig(**values)
+
+
+def _retained_source(args: WeightedSFTConfig, retained_dataset: Dataset | None) -> Dataset | None:
+    if retained_dataset is None and args.retained_dataset_name is not None:
+        retained_dataset = load_splits(args.retained_dataset_name, split=args.retained_dataset_split)[
+            args.retained_dataset_split
+        ]
+    if retained_dataset is None and (args.replay_ratio > 0 or args.output_kl_coef > 0):
+        raise ValueError(
+            "replay_ratio > 0 and output_kl_coef > 0 need retained data: pass `retained_dataset=` to the trainer "
+            "or set `retained_dataset_name`"
+        )
+    return retained_dataset
 
 
 def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_collator: Any) -> None:
@@ -175,10 +195,14 @@ class WeightedSFTTrainer(SFTTrainer):
         eval_dataset=None,
         processing_class=None,
         compute_loss_func=None,
+        retained_dataset: Dataset | None = None,
         **kwargs,
     ):
         args = _weighted_config(args, model)
         _reject_unsupported(args, compute_loss_func, data_collator)
+        # Read by `_prepare_dataset`, which SFTTrainer.__init__ calls.
+        self._retained_source = _retained_source(args, retained_dataset)
+        self._retained_prepared = None
         super().__init__(
             model,
             args,
@@ -204,15 +228,27 @@ class WeightedSFTTrainer(SFTTrainer):
         self.data_collator = WeightedCollator(self.data_collator)
         self._weight_metrics = {"train": _WeightMetrics(), "eval": _WeightMetrics()}
         self._step_normalizer: torch.Tensor | None = None
+        self._micro_step = 0
+        self._output_kl = self._build_output_kl(args) if args.output_kl_coef > 0 else None
+
+    def _build_output_kl(self, args: WeightedSFTConfig) -> OutputKL:
+        require_peft(self.model)
+        retained = self._retained_tokens(self.processing_class, args)
+        if args.max_length is not None:
+            with global_then_local_main_first():
+                retained = self._truncate(retained, args, *self._map_kwargs(retained, args, "retained"))
+        batch_size = args.output_kl_batch_size or args.per_device_train_batch_size
+        return OutputKL(
+            RetainedBatches(retained, batch_size, args.seed), self.data_collator.collator, args.output_kl_divergence
+        )
 
     # ---- data -------------------------------------------------------------------------------------------------
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
-        """TRL's preparation without truncation, packing or shuffling; then the weight columns; then those three,
-        as TRL orders them, carrying the weight columns along."""
-        weighted = args.weight_column is not None and (dataset_name == "train" or args.weight_eval_loss)
+        """TRL's preparation without truncation, packing or shuffling; then the weight columns (and, for training,
+        the replayed examples); then truncation, packing and shuffling as TRL orders them, carrying the columns."""
         transform = None
-        if weighted:
+        if args.weight_column is not None and (dataset_name == "train" or args.weight_eval_loss):
             transform = WeightTransform.fit(
                 dataset,
                 args.weight_column,
@@ -221,20 +257,13 @@ class WeightedSFTTrainer(SFTTrainer):
                 args.normalize_weights,
                 dataset_name,
             )
-        unpacked = copy.copy(args)
-        unpacked.max_length, unpacked.shuffle_dataset = None, False
-        dataset = super()._prepare_dataset(dataset, processing_class, unpacked, False, formatting_func, dataset_name)
-
-        map_kwargs = {"num_proc": args.dataset_num_proc} if isinstance(dataset, Dataset) else {}
-        described = (lambda text: {"desc": f"{text} {dataset_name} dataset"}) if map_kwargs else (lambda text: {})
+        dataset = self._tokenize_with_weights(
+            dataset, processing_class, args, formatting_func, dataset_name, transform
+        )
+        if dataset_name == "train" and args.replay_ratio > 0:
+            dataset = replay_mix(dataset, self._retained_tokens(processing_class, args), args.replay_ratio, args.seed)
+        map_kwargs, described = self._map_kwargs(dataset, args, dataset_name)
         with global_then_local_main_first():
-            dataset = dataset.map(
-                token_weight_columns,
-                with_indices=True,
-                fn_kwargs={"transform": transform, "prompt_loss_weight": args.prompt_loss_weight},
-                **map_kwargs,
-                **described("Writing example weights on the tokens of"),
-            )
             if args.max_length is not None and not packing:
                 dataset = self._truncate(dataset, args, map_kwargs, described)
             if packing:
@@ -249,6 +278,38 @@ class WeightedSFTTrainer(SFTTrainer):
         if args.shuffle_dataset:
             dataset = dataset.shuffle(seed=args.seed)
         return dataset
+
+    @staticmethod
+    def _map_kwargs(dataset, args, dataset_name: str):
+        map_kwargs = {"num_proc": args.dataset_num_proc} if isinstance(dataset, Dataset) else {}
+        described = (lambda text: {"desc": f"{text} {dataset_name} dataset"}) if map_kwargs else (lambda text: {})
+        return map_kwargs, described
+
+    def _tokenize_with_weights(
+        self, dataset, processing_class, args, formatting_func, dataset_name, transform, weight: float = 1.0
+    ):
+        """TRL's tokenisation and labels, every row kept in order; then the per-token weight columns (`weight` for
+        every example when there is no `transform`)."""
+        unpacked = copy.copy(args)
+        unpacked.max_length, unpacked.shuffle_dataset = None, False
+        dataset = super()._prepare_dataset(dataset, processing_class, unpacked, False, formatting_func, dataset_name)
+        map_kwargs, described = self._map_kwargs(dataset, args, dataset_name)
+        with global_then_local_main_first():
+            return dataset.map(
+                token_weight_columns,
+                with_indices=True,
+                fn_kwargs={"transform": transform, "prompt_loss_weight": args.prompt_loss_weight, "weight": weight},
+                **map_kwargs,
+                **described("Writing example weights on the tokens of"),
+            )
+
+    def _retained_tokens(self, processing_class, args):
+        """The retained data, tokenised once (replay and Output-KL share it), at weight `replay_weight`."""
+        if self._retained_prepared is None:
+            self._retained_prepared = self._tokenize_with_weights(
+                self._retained_source, processing_class, args, None, "retained", None, args.replay_weight
+            )
+        return self._retained_prepared
 
     @staticmethod
     def _truncate(dataset, args, map_kwargs, described):
@@ -276,6 +337,7 @@ class WeightedSFTTrainer(SFTTrainer):
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._micro_step = 0
         self._step_normalizer = None
         if num_items_in_batch is not None and batch_samples:
             self._step_normalizer = self._global_normalizer(batch_samples, device)
@@ -303,12 +365,29 @@ class WeightedSFTTrainer(SFTTrainer):
             normalizer = stats[STAT[NORMALIZER[self.args.weight_reduction]]]
         count = torch.as_tensor(count, dtype=weights.dtype, device=weights.device)
         scale = torch.where(normalizer > 0, count / normalizer, torch.zeros_like(count))
-        return super().compute_loss(
+        result = super().compute_loss(
             _WeightedLogProbs(model, weights * scale),
             inputs,
             return_outputs=return_outputs,
             num_items_in_batch=num_items_in_batch,
         )
+        if self._output_kl is None or mode != "train":
+            return result
+        loss, outputs = result if return_outputs else (result, None)
+        # Like TRL's MoE aux loss: a per-micro-batch mean, so spread over the accumulation steps when the loss is
+        # already normalised for the whole step; DDP averages it over the ranks.
+        steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+        loss = loss + self.args.output_kl_coef * self._retained_kl(model) / steps
+        return (loss, outputs) if return_outputs else loss
+
+    def _retained_kl(self, model) -> torch.Tensor:
+        """Output-KL of this micro-batch's retained batch, whose index follows from the step, micro-batch and rank."""
+        micro_batches = self.state.global_step * self.args.gradient_accumulation_steps + self._micro_step
+        self._micro_step += 1
+        index = micro_batches * self.accelerator.num_processes + self.accelerator.process_index
+        kl = self._output_kl(self.accelerator.unwrap_model(model), index, self._prepare_inputs)
+        self._metrics["train"]["output_kl"].append(self.accelerator.gather(kl.detach()[None]).mean().item())
+        return kl
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"

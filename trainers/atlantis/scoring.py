@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object, parse_flag_from_env
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kinfolk.atomic import fingerprint
 from kinfolk.logprobs import label_log_probs, pad_right
@@ -146,9 +146,13 @@ def score_batches(
     )
     for rows in batches:
         batch = pad_right([input_ids[row] for row in rows], [labels[row] for row in rows], pad_token_id)
-        batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+        # Right padding under causal attention: a real token never sees the padding after it, and padded positions
+        # carry no label, so no attention mask is needed; without one, SDPA takes its fused causal kernel instead
+        # of materialising a (batch, heads, T, T) mask.
         with torch.inference_mode(), autocast:
-            log_probs, mask = label_log_probs(model, **batch)
+            log_probs, mask = label_log_probs(
+                model, batch["input_ids"].to(device, non_blocking=True), None, batch["labels"].to(device)
+            )
             sums = log_probs.double().sum(dim=-1)
         yield list(rows), sums.cpu().numpy(), mask.sum(dim=-1).cpu().numpy()
 
@@ -173,33 +177,40 @@ def _check_finite(rows: list[int], sums: np.ndarray, role: str, model_path: str 
         )
 
 
-def score_model(
-    dataset: Dataset,
-    model_path: str | Path,
-    role: str,
-    config: ScoreConfig,
-    state: PartialState | None = None,
-    after_chunk=None,
-) -> ModelScores:
-    """Score every row of `dataset` with the model at `model_path`; `role` names it in messages and progress.
+@dataclass
+class TokenizedRows:
+    """One model's view of a dataset: its tokens, what it scores, and which rows it must leave out."""
 
-    `after_chunk(chunk_index)` is called after each newly computed chunk is cached (used by tests to interrupt).
-    """
-    state = state or process_state()
-    model_path = str(model_path)
-    columns = text_columns(dataset, config.dataset_text_field)
-    text = dataset.select_columns(columns)
+    role: str
+    model_path: str
+    tokenizer: PreTrainedTokenizerBase
+    input_ids: list[list[int]]
+    labels: list[list[int]]
+    lengths: np.ndarray
+    response_tokens: np.ndarray
+    skipped: np.ndarray
+    context: int | None
+
+
+def tokenize_rows(text: Dataset, model_path: str, role: str, config: ScoreConfig, sft_args) -> TokenizedRows:
+    """Tokenise `text` with the model's own tokenizer as the SFT trainer would, refusing rows it cannot score."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    sft_args = scoring_sft_args(dataset, config)
     try:
         tokens = sft_tokenize(text, tokenizer, sft_args)
     except DatasetFormatError as error:
         raise DatasetFormatError(f"{role} model {model_path}: {error}") from error
+    except ValueError as error:  # TRL's own refusals, e.g. a chat template it cannot mask for assistant_only_loss
+        hint = ""
+        if sft_args.assistant_only_loss and config.assistant_only_loss is None:
+            hint = (
+                "; scoring defaults to assistant_only_loss=True for conversations: pass assistant_only_loss=False "
+                "to score every token, as SFTTrainer does by default"
+            )
+        raise DatasetFormatError(f"{role} model {model_path}: {error}{hint}") from error
     input_ids, labels = tokens["input_ids"], tokens["labels"]
     lengths = np.array([len(ids) for ids in input_ids], dtype=np.int64)
-    n_tokens = response_token_counts(labels)
-
-    empty = np.flatnonzero(n_tokens == 0)
+    response_tokens = response_token_counts(labels)
+    empty = np.flatnonzero(response_tokens == 0)
     if empty.size:
         raise ScoringError(
             f"rows {_rows_text(empty)} have no response tokens for {role} model {model_path} (empty completion "
@@ -212,21 +223,39 @@ def score_model(
             f"rows {_rows_text(overlong)} are longer than {role} model {model_path}'s context of {limit} tokens "
             f"(longest {int(lengths[overlong].max())}); pass overlong='skip' to leave them unscored, or max_length"
         )
-    skipped = np.zeros(len(dataset), dtype=bool)
+    skipped = np.zeros(len(text), dtype=bool)
     skipped[overlong] = True
+    return TokenizedRows(role, model_path, tokenizer, input_ids, labels, lengths, response_tokens, skipped, limit)
 
-    plan = chunk_plan(lengths, config.chunk_rows, rows=np.flatnonzero(~skipped))
+
+def score_model(
+    dataset: Dataset,
+    model_path: str | Path,
+    role: str,
+    config: ScoreConfig,
+    state: PartialState | None = None,
+    after_chunk: Callable[[int], None] | None = None,
+) -> ModelScores:
+    """Score every row of `dataset` with the model at `model_path`; `role` names it in messages and progress.
+
+    `after_chunk(chunk_index)` is called after each newly computed chunk is cached (used by tests to interrupt).
+    """
+    state = state or process_state()
+    model_path = str(model_path)
+    columns = text_columns(dataset, config.dataset_text_field)
+    text = dataset.select_columns(columns)
+    sft_args = scoring_sft_args(dataset, config)
+    rows = tokenize_rows(text, model_path, role, config, sft_args)
+    plan = chunk_plan(rows.lengths, config.chunk_rows, rows=np.flatnonzero(~rows.skipped))
     cache = None
     if config.use_cache:
-        load_dtype, autocast_dtype = resolve_precision(config.dtype, state.device)
         key = fingerprint(
             model_fingerprint(model_path),
             dataset_fingerprint(text, columns),
-            template_fingerprint(tokenizer, sft_args),
-            str(load_dtype),
-            str(autocast_dtype),
+            template_fingerprint(rows.tokenizer, sft_args),
+            [str(dtype) for dtype in resolve_precision(config.dtype, state.device)],
             config.attn_implementation,
-            limit,
+            rows.context,
             config.chunk_rows,
         )
         meta = {"role": role, "model": model_path, "rows": len(dataset), "chunks": len(plan)}
@@ -235,9 +264,7 @@ def score_model(
     mine = chunks_for_process(len(plan), state.process_index, state.num_processes)
     results, error = [], None
     try:
-        results = _score_chunks(
-            plan, mine, input_ids, labels, lengths, tokenizer, model_path, role, config, state, cache, after_chunk
-        )
+        results = _score_chunks(rows, plan, mine, config, state, cache, after_chunk)
     except Exception as exc:  # other processes must learn of it, or they wait forever in the gather
         error = exc
     gathered = gather_object([(state.process_index, repr(error) if error else None, results)])
@@ -251,13 +278,19 @@ def score_model(
 
     logprob = np.full(len(dataset), np.nan, dtype=np.float64)
     for _, _, chunks in gathered:
-        for rows, sums in chunks:
-            logprob[rows] = sums
-    return ModelScores(role=role, model=model_path, logprob=logprob, tokens=n_tokens, skipped=skipped)
+        for chunk_rows, sums in chunks:
+            logprob[chunk_rows] = sums
+    return ModelScores(role, model_path, logprob, rows.response_tokens, rows.skipped)
 
 
 def _score_chunks(
-    plan, mine, input_ids, labels, lengths, tokenizer, model_path, role, config, state, cache, after_chunk
+    rows: TokenizedRows,
+    plan: list[np.ndarray],
+    mine: list[int],
+    config: ScoreConfig,
+    state: PartialState,
+    cache: ScoreCache | None,
+    after_chunk: Callable[[int], None] | None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """This process's chunks: read from the cache when present, otherwise computed (then cached)."""
     results, pending = [], []
@@ -269,27 +302,30 @@ def _score_chunks(
             results.append((stored["rows"], stored["logprob"]))
     if not pending:
         return results
-    logger.info("%s: %d of %d chunks cached, scoring %d", role, len(mine) - len(pending), len(mine), len(pending))
-    model = load_model(model_path, config, state.device)
+    logger.info("%s: %d of %d chunks cached, scoring %d", rows.role, len(mine) - len(pending), len(mine), len(pending))
+    model = load_model(rows.model_path, config, state.device)
     _, autocast_dtype = resolve_precision(config.dtype, state.device)
+    tokenizer = rows.tokenizer
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
-    total = int(sum(lengths[plan[chunk]].sum() for chunk in pending))
+    total = int(sum(rows.lengths[plan[chunk]].sum() for chunk in pending))
     progress = tqdm(
-        total=total, unit="tok", unit_scale=True, desc=f"scoring {role}", disable=not state.is_main_process
+        total=total, unit="tok", unit_scale=True, desc=f"scoring {rows.role}", disable=not state.is_main_process
     )
     try:
         for chunk in pending:
-            batches = token_budget_batches(plan[chunk], lengths, config.tokens_per_batch)
-            rows_done, sums_done = [], []
-            for rows, sums, _ in score_batches(model, input_ids, labels, batches, pad_token_id, autocast_dtype):
-                _check_finite(rows, sums, role, model_path)
-                rows_done.extend(rows)
+            batches = token_budget_batches(plan[chunk], rows.lengths, config.tokens_per_batch)
+            done, sums_done = [], []
+            for batch, sums, _ in score_batches(
+                model, rows.input_ids, rows.labels, batches, pad_token_id, autocast_dtype
+            ):
+                _check_finite(batch, sums, rows.role, rows.model_path)
+                done.extend(batch)
                 sums_done.append(sums)
-                progress.update(int(lengths[rows].sum()))
-            rows_array, sums_array = np.asarray(rows_done, dtype=np.int64), np.concatenate(sums_done)
+                progress.update(int(rows.lengths[batch].sum()))
+            done_array, sums_array = np.asarray(done, dtype=np.int64), np.concatenate(sums_done)
             if cache is not None:
-                cache.write(chunk, rows=rows_array, logprob=sums_array, process=np.int64(state.process_index))
-            results.append((rows_array, sums_array))
+                cache.write(chunk, rows=done_array, logprob=sums_array, process=np.int64(state.process_index))
+            results.append((done_array, sums_array))
             if after_chunk is not None:
                 after_chunk(chunk)
     finally:
