@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -117,16 +118,39 @@ def fingerprint(*parts: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def file_sha256(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
+def _new_digest(algorithm: str):
+    if algorithm == "xxh3_128":  # ~10x faster than sha256: for fingerprinting multi-GB checkpoints
+        import xxhash
+
+        return xxhash.xxh3_128()
+    return hashlib.new(algorithm)
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256", chunk_bytes: int = 1 << 26) -> str:
+    """Hex digest of a file's contents; `algorithm` is a hashlib name or "xxh3_128".
+
+    The file is read through memory-mapped windows of `chunk_bytes` (no copy out of the page cache, and at most
+    one window resident at a time).
+    """
+    digest = _new_digest(algorithm)
+    chunk_bytes = max(mmap.ALLOCATIONGRANULARITY, chunk_bytes - chunk_bytes % mmap.ALLOCATIONGRANULARITY)
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(chunk_bytes), b""):
-            digest.update(chunk)
+        size = os.fstat(handle.fileno()).st_size
+        for offset in range(0, size, chunk_bytes):
+            length = min(chunk_bytes, size - offset)
+            with mmap.mmap(handle.fileno(), length, access=mmap.ACCESS_READ, offset=offset) as window:
+                digest.update(window)
     return digest.hexdigest()
 
 
-def directory_fingerprint(directory: str | Path, patterns: tuple[str, ...] = ("*.json", "*.safetensors")) -> str:
+def file_sha256(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    return file_digest(path, "sha256", chunk_bytes)
+
+
+def directory_fingerprint(
+    directory: str | Path, patterns: tuple[str, ...] = ("*.json", "*.safetensors"), algorithm: str = "sha256"
+) -> str:
     """Hash of the matching files' names and contents: identifies a saved model or dataset for provenance."""
     directory = Path(directory)
     entries = sorted(path for pattern in patterns for path in directory.glob(pattern) if path.is_file())
-    return fingerprint([(path.name, file_sha256(path)) for path in entries])
+    return fingerprint([(path.name, file_digest(path, algorithm)) for path in entries])

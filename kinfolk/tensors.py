@@ -17,7 +17,7 @@ reads; pair it with `kinfolk.atomic.atomic_directory` so the directory appears o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -104,9 +104,16 @@ class ShardedWriter:
     """Write tensors into `model-0000i-of-0000n.safetensors` shards plus an index (a single file if one shard)."""
 
     def __init__(
-        self, directory: str | Path, max_shard_bytes: int = 5 * 1024**3, metadata: dict[str, str] | None = None
+        self,
+        directory: str | Path,
+        max_shard_bytes: int = 5 * 1024**3,
+        metadata: dict[str, str] | None = None,
+        on_shard_written: Callable[[Path], None] | None = None,
     ):
+        """`on_shard_written(path)` is called with each shard file as soon as it is written (before the final
+        renames), e.g. to start flushing it to disk while the next shard is computed."""
         self.directory = Path(directory)
+        self.on_shard_written = on_shard_written
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_shard_bytes = max_shard_bytes
         self.metadata = {"format": "pt", **(metadata or {})}
@@ -120,17 +127,27 @@ class ShardedWriter:
             raise ValueError(f"tensor {name!r} was added twice")
         self._seen.add(name)
         size = tensor_bytes(tensor)
-        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
-            self._flush()
+        self.make_room(size)
         # safetensors refuses views that share storage; a contiguous copy is at most this one tensor.
         self._pending[name] = tensor.detach().contiguous()
         self._pending_bytes += size
+
+    def make_room(self, nbytes: int) -> None:
+        """Write the pending shard now if a tensor of `nbytes` would not fit in it.
+
+        Callers that compute tensors one by one call this before building the next one, so the pending shard
+        and that tensor's inputs are never held together beyond `max_shard_bytes` plus the tensor's own needs.
+        """
+        if self._pending and self._pending_bytes + nbytes > self.max_shard_bytes:
+            self._flush()
 
     def _flush(self) -> None:
         if not self._pending:
             return
         temporary = f"shard-{len(self._shards):05d}.safetensors"
         save_file(self._pending, self.directory / temporary, metadata=self.metadata)
+        if self.on_shard_written is not None:
+            self.on_shard_written(self.directory / temporary)
         self._shards.append((temporary, list(self._pending), self._pending_bytes))
         self._pending, self._pending_bytes = {}, 0
 

@@ -84,3 +84,22 @@ def test_reader_single_file_and_missing(tmp_path):
         TensorReader(tmp_path / "delta.safetensors").get("y")
     with pytest.raises(FileNotFoundError):
         TensorReader(tmp_path / "nothing")
+
+
+def test_make_room_writes_the_pending_shard_before_a_tensor_that_would_not_fit(tmp_path):
+    writer = ShardedWriter(tmp_path, max_shard_bytes=64)
+    writer.add("a", torch.zeros(8))  # 32 bytes pending
+    writer.make_room(32)  # fits exactly: nothing written yet
+    assert list(tmp_path.glob("*.safetensors")) == []
+    writer.make_room(36)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1
+    writer.add("b", torch.ones(9))
+    writer.close()
+    assert TensorReader(tmp_path).names() == ["a", "b"]
+
+
+def test_manifest_reads_shapes_and_dtypes_from_headers(tmp_path):
+    with ShardedWriter(tmp_path, max_shard_bytes=16) as writer:
+        writer.add("b", torch.zeros(2, 3, dtype=torch.bfloat16))
+        writer.add("a", torch.zeros(5))
+    assert TensorReader(tmp_path).manifest() == {"a": ((5,), "F32"), "b": ((2, 3), "BF16")}

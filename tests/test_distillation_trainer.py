@@ -1,14 +1,16 @@
 """DistillationTrainer against a hand-written loss on full logits, SFTTrainer identities and its two-phase order."""
 
+import json
 import os
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+import yaml
+from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from kinfolk.plugins.adapt import LayerMap, merge
@@ -176,6 +178,36 @@ def test_two_phases_in_order_under_one_schedule(pairs, tmp_path, tiny_tokenizer)
     assert LayerMap.load(tmp_path / "out") == LayerMap.load(pair["student"])
 
 
+class _StopAt(TrainerCallback):
+    """Interrupts training after `step` optimizer steps, as a killed job would (after its last checkpoint)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_result(pairs, tmp_path, tiny_tokenizer):
+    pair = pairs["llama"]
+
+    def run(directory, stop=None, resume=None):
+        trainer = make_trainer(pair, directory, tiny_tokenizer, pretraining=text_dataset(8, seed=1), max_steps=6,
+                               per_device_train_batch_size=2, save_strategy="steps", save_steps=3)  # fmt: skip
+        if stop:
+            trainer.add_callback(_StopAt(stop))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer.model.state_dict()
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "part", stop=3)  # phase 1 takes 4 steps: the job is interrupted inside it
+    checkpoint = tmp_path / "part" / "out" / "checkpoint-3"
+    assert LayerMap.load(checkpoint) == LayerMap.load(pair["student"])
+    resumed = run(tmp_path / "part", resume=str(checkpoint))
+    for name, value in full.items():
+        torch.testing.assert_close(resumed[name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, tiny_tokenizer):
     pair = pairs["llama"]
     model = AutoModelForCausalLM.from_pretrained(pair["student"])
@@ -189,55 +221,37 @@ def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, ti
                             processing_class=tiny_tokenizer)  # fmt: skip
 
 
-SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from kinfolk.testing import prompt_completion_dataset, text_dataset
-    from kinfolk.trainers import DistillationConfig, DistillationTrainer
-    from transformers import AutoTokenizer
-
-    student, teacher, out = sys.argv[1:4]
-    args = DistillationConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=2,
-                              gradient_accumulation_steps=2, logging_steps=1, save_strategy="no", max_steps=3)
-    trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args,
-                                  train_dataset=prompt_completion_dataset(8), pretraining_dataset=text_dataset(8),
-                                  processing_class=AutoTokenizer.from_pretrained(student))
-    trainer.train()
-    trainer.save_model()
-    if trainer.accelerator.is_main_process:
-        print("world", trainer.accelerator.num_processes, "kl", trainer.state.log_history[0]["distill/kl"])
-    """
-)
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "distill.py"
 
 
 @pytest.mark.slow
-def test_trains_under_accelerate_launch_with_two_processes(pairs, tmp_path):
+def test_example_script_trains_under_accelerate_launch_with_two_processes(pairs, tmp_path):
+    """examples/distill.py with a YAML config, as users run it: 2 gloo processes, gradient accumulation."""
     pair = pairs["llama"]
-    script = tmp_path / "distill.py"
-    script.write_text(SCRIPT)
+    text_dataset(8).to_json(tmp_path / "pretraining.jsonl")
+    prompt_completion_dataset(8).to_json(tmp_path / "sft.jsonl")
+    config = {
+        "student": str(pair["student"]), "teacher": str(pair["teacher"]),
+        "pretraining_data": str(tmp_path / "pretraining.jsonl"), "sft_data": str(tmp_path / "sft.jsonl"),
+        "output_dir": str(tmp_path / "o"), "use_cpu": True, "bf16": False, "report_to": [], "max_steps": 3,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "logging_steps": 1,
+        "save_strategy": "steps", "save_steps": 3, "kl_weight": 0.2,
+    }  # fmt: skip
+    (tmp_path / "distill.yaml").write_text(yaml.safe_dump(config))
     launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
     # --multi_gpu on a machine without GPUs starts two gloo (MULTI_CPU) processes through torchrun
-    command = [
-        launcher,
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "0",
-        str(script),
-        str(pair["student"]),
-        str(pair["teacher"]),
-        str(tmp_path / "o"),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    command = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+               "no", "--dynamo_backend", "no", "--main_process_port", "0", str(EXAMPLE), "--config",
+               str(tmp_path / "distill.yaml")]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "world 2 kl" in done.stdout
+    state = json.loads((tmp_path / "o" / "checkpoint-3" / "trainer_state.json").read_text())
+    # 3 steps × 2 processes × 2 rows × 2 accumulated micro-batches = 24 rows of 16: epoch 1.5 (0.75 on one process)
+    assert state["log_history"][-1]["epoch"] == pytest.approx(1.5)
+    assert all(row["distill/kl"] > 0 for row in state["log_history"] if "loss" in row)
     assert LayerMap.load(tmp_path / "o") == LayerMap.load(pair["student"])
+    assert LayerMap.load(tmp_path / "o" / "checkpoint-3") == LayerMap.load(pair["student"])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "o")
+    assert reloaded.config.num_hidden_layers == 2

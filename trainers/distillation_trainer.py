@@ -222,7 +222,9 @@ class DistillationTrainer(SFTTrainer):
     def _add_pretraining_phase(self, pretraining_dataset: Dataset | None) -> tuple[int, ...]:
         """Prepare the pre-training text exactly as SFT data is prepared and put it before the SFT rows."""
         if pretraining_dataset is None:
-            return (len(self.train_dataset),) if self.train_dataset is not None else ()
+            return (len(self.train_dataset),) if isinstance(self.train_dataset, Dataset) else ()
+        if not isinstance(pretraining_dataset, Dataset) or not isinstance(self.train_dataset, Dataset):
+            raise ValueError("two phases need map-style datasets (datasets.Dataset), not iterable ones")
         prepared = self._prepare_dataset(
             pretraining_dataset, self.processing_class, self.args, self.args.packing, None, "pretraining"
         )
@@ -295,4 +297,5 @@ class DistillationTrainer(SFTTrainer):
     def _save(self, output_dir: str | None = None, state_dict=None):
         super()._save(output_dir, state_dict)
         # Later stages (delta, patch) check they were given a student of the same layer map.
-        self.layer_map.save(output_dir or self.args.output_dir)
+        if self.args.should_save:
+            self.layer_map.save(output_dir or self.args.output_dir)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from kinfolk.atomic import directory_fingerprint
 from kinfolk.layout import ModelLayout, check_state_dict_layout, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LayerMap
 from kinfolk.tensors import TensorReader
@@ -134,6 +135,12 @@ class Checkpoint:
         if self.layout.tied_embeddings:
             return f"{self.layout.embeddings}.weight"
         raise CheckpointError(f"{self.role}: {self.path} has no {head} and does not tie its embeddings")
+
+
+def input_fingerprint(path: str | Path) -> str:
+    """Content fingerprint of an input directory for provenance (xxh3 of every JSON and safetensors file:
+    fast enough to run beside a merge of many gigabytes)."""
+    return "xxh3-" + directory_fingerprint(path, algorithm="xxh3_128")
 
 
 def _existing_directory(role: str, path: str | Path) -> Path:

@@ -16,8 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from kinfolk import __version__
-from kinfolk.atomic import check_destination, directory_fingerprint, write_json
-from kinfolk.plugins.adapt.checkpoint import Checkpoint, compare_manifests, same_layer_map
+from kinfolk.atomic import check_destination, write_json
+from kinfolk.plugins.adapt.checkpoint import Checkpoint, compare_manifests, input_fingerprint, same_layer_map
 from kinfolk.plugins.adapt.config import DeltaCosineConfig
 from kinfolk.plugins.adapt.plan import natural_key
 
@@ -67,8 +67,8 @@ def delta_cosine(config: DeltaCosineConfig, progress: bool = True) -> dict[str, 
             per_module[name].merge(stats)
     return {
         "kinfolk_version": __version__,
-        "a": {"path": str(a.path), "fingerprint": directory_fingerprint(a.path)},
-        "b": {"path": str(b.path), "fingerprint": directory_fingerprint(b.path)},
+        "a": {"path": str(a.path), "fingerprint": input_fingerprint(a.path)},
+        "b": {"path": str(b.path), "fingerprint": input_fingerprint(b.path)},
         "layer_map": layer_map.to_dict() if layer_map else None,
         "cosine": overall.cosine,
         "per_layer": [{"layer": layer, "cosine": per_layer[layer].cosine} for layer in sorted(per_layer)],

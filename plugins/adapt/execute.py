@@ -10,6 +10,7 @@ deterministic: the same inputs and config give byte-identical files.
 
 from __future__ import annotations
 
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +21,8 @@ import transformers
 from tqdm.auto import tqdm
 
 from kinfolk import __version__
-from kinfolk.atomic import atomic_directory, check_destination, directory_fingerprint, write_json
-from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint
+from kinfolk.atomic import atomic_directory, check_destination, write_json
+from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint, input_fingerprint
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 from kinfolk.plugins.adapt.plan import MergePlan, ModelPlan, PlannedTensor
 from kinfolk.tensors import INDEX_FILE, ShardedWriter
@@ -50,14 +51,20 @@ def materialise(tensor: PlannedTensor, inputs: dict[str, Checkpoint]) -> torch.T
             f"tensor {tensor.name!r} is {sorted(source_dtypes)}: only floating-point tensors can be summed"
         )
     compute = torch.float64 if "F64" in source_dtypes or out_dtype == torch.float64 else torch.float32
-    result = None
+    # Tensors come straight from the memory-mapped files: writing into one would copy its pages first, so the sum
+    # goes into fresh memory and is updated in place only once it is ours.
+    result, owned = None, False
     for term in terms:  # one input tensor in memory at a time, beside the running sum
-        value = inputs[term.source].reader.get(term.tensor).to(compute)
+        stored = inputs[term.source].reader.get(term.tensor)
+        value = stored.to(compute)
+        copied = value is not stored
         if result is None:
-            result = value if term.weight == 1 else value.mul_(term.weight)
-        else:
+            result, owned = (value, copied) if term.weight == 1 else (value * term.weight, True)
+        elif owned:
             result.add_(value, alpha=term.weight)
-        del value
+        else:
+            result, owned = torch.add(result, value, alpha=term.weight), True
+        del stored, value
     return result.to(out_dtype)
 
 
@@ -83,35 +90,64 @@ def _provenance(plan: MergePlan, model: ModelPlan, fingerprints: dict[str, str])
     }
 
 
+class _Background:
+    """Work that overlaps with the merge on two threads (both release the GIL): fingerprinting the inputs for
+    provenance, and flushing each written shard to disk while the next one is computed, so that the final fsync
+    of `atomic_directory` finds little left to do."""
+
+    def __init__(self, inputs: dict[str, Checkpoint]):
+        self._hashing_pool, self._flushing_pool = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+        self._hashes = {role: self._hashing_pool.submit(input_fingerprint, cp.path) for role, cp in inputs.items()}
+        self._flushes = []
+
+    def flush_soon(self, path: Path) -> None:
+        descriptor = os.open(path, os.O_RDONLY)  # opened now: the writer renames the file later
+        self._flushes.append(self._flushing_pool.submit(_fsync_and_close, descriptor))
+
+    def fingerprints(self) -> dict[str, str]:
+        for flush in self._flushes:
+            flush.result()
+        return {role: future.result() for role, future in self._hashes.items()}
+
+    def close(self) -> None:
+        for pool in (self._hashing_pool, self._flushing_pool):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _fsync_and_close(descriptor: int) -> None:
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def execute(plan: MergePlan, out: str | Path, overwrite: bool = False, progress: bool = True) -> Path:
     """Write every model of `plan` under `out` (refused if it exists, unless `overwrite`); returns `out`."""
     destination = check_destination(out, overwrite)
     total = sum(model.nbytes for model in plan.models)
-    # Hashing the inputs for provenance overlaps with the merge (hashlib releases the GIL).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashing = {role: pool.submit(directory_fingerprint, cp.path) for role, cp in plan.inputs.items()}
-        try:
-            with (
-                atomic_directory(destination, overwrite) as staging,
-                tqdm(total=total, unit="B", unit_scale=True, desc=f"merge {plan.op}", disable=not progress) as bar,
-            ):
-                for model in plan.models:
-                    directory = staging / model.subdir
-                    with ShardedWriter(directory, plan.config.max_shard_bytes, model.metadata) as writer:
-                        for tensor in model.tensors:
-                            writer.add(tensor.name, materialise(tensor, plan.inputs))
-                            bar.update(tensor.nbytes)
-                    _write_companions(plan, model, directory)
-                fingerprints = {role: future.result() for role, future in hashing.items()}
-                for model in plan.models:
-                    write_json(staging / model.subdir / PROVENANCE_FILE, _provenance(plan, model, fingerprints))
-                if any(model.subdir for model in plan.models):
-                    family = [{"dir": model.subdir, **model.summary} for model in plan.models]
-                    write_json(staging / FAMILY_FILE, {"op": plan.op, "models": family})
-        except BaseException:
-            for future in hashing.values():
-                future.cancel()
-            raise
+    background = _Background(plan.inputs)
+    try:
+        with (
+            atomic_directory(destination, overwrite) as staging,
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"merge {plan.op}", disable=not progress) as bar,
+        ):
+            for model in plan.models:
+                directory = staging / model.subdir
+                shards = ShardedWriter(directory, plan.config.max_shard_bytes, model.metadata, background.flush_soon)
+                with shards as writer:
+                    for tensor in model.tensors:
+                        writer.make_room(tensor.nbytes)  # flush first: a full shard and new inputs never meet
+                        writer.add(tensor.name, materialise(tensor, plan.inputs))
+                        bar.update(tensor.nbytes)
+                _write_companions(plan, model, directory)
+            fingerprints = background.fingerprints()
+            for model in plan.models:
+                write_json(staging / model.subdir / PROVENANCE_FILE, _provenance(plan, model, fingerprints))
+            if any(model.subdir for model in plan.models):
+                family = [{"dir": model.subdir, **model.summary} for model in plan.models]
+                write_json(staging / FAMILY_FILE, {"op": plan.op, "models": family})
+    finally:
+        background.close()
     return destination
 
 
