@@ -46,9 +46,9 @@ def weighted_trainer(
     )
 
 
-def sft_trainer(tokenizer, data, output_dir, **overrides) -> SFTTrainer:
+def sft_trainer(tokenizer, data, output_dir, model=None, **overrides) -> SFTTrainer:
     return SFTTrainer(
-        model=build_model("llama", tokenizer=tokenizer),
+        model=model or build_model("llama", tokenizer=tokenizer),
         args=config(SFTConfig, output_dir, **overrides),
         train_dataset=data,
         processing_class=tokenizer,
