@@ -3,17 +3,28 @@
 SmolLM2 (Llama, 30 layers, tied head) and Gemma 3 270M (18 layers, sliding / full attention `layer_types`, tied
 head): a boomerang student (every other layer and the last), the teacher rebuilt from it by patching every
 block, and a half-patched intermediate size that unties the head, all loaded and generating.
+
+Qwen2.5-Coder-0.5B (Qwen2, 24 layers, untied head, ~2.5 GB in fp32): a 12-layer ADAPT student, its whole family
+from `kinfolk merge patch --all` (the full size is the teacher, tensor for tensor; a middle size generates), and
+a weight delta carried from one student variant to another, checked tensor by tensor.
 """
+
+import json
+import shutil
 
 import pytest
 import torch
+from test_adapt_merge import distilled_copy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.cli import main
 from kinfolk.plugins.adapt import LayerMap, merge
 from kinfolk.tensors import TensorReader
+from kinfolk.testing.resources import measure
 
 pytestmark = pytest.mark.real
 
+QWEN = "qwen2.5-coder-0.5b-instruct"
 PROMPT = "Q: What is the capital of Italy?\nA: Rome\nQ: What is the capital of France?\nA:"
 
 
@@ -78,3 +89,76 @@ def test_distillation_loss_on_a_real_pair_matches_full_logits(real_model_dir, tm
     expected = reference_loss(pair, inputs, 0.1, trainer.cosine_weight, 2.0, layer_map.aligned_teacher_layers)
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-4)
     assert trainer._metrics["train"]["distill/kl"][-1] > 0.01  # an initialised student is not yet the teacher
+
+
+def same_checkpoint(left, right):
+    """Tensor for tensor equal, one tensor in memory at a time (the Qwen checkpoints are 2 GB each)."""
+    left, right = TensorReader(left), TensorReader(right)
+    assert left.names() == right.names()
+    for tensor in right.names():
+        assert torch.equal(left.get(tensor), right.get(tensor)), tensor
+
+
+@pytest.fixture(scope="module")
+def qwen_student(real_model_dir, tmp_path_factory):
+    """(teacher, 12-layer student, scratch folder); the ~30 GB written under it is removed afterwards rather
+    than left to pytest's retention of the last three runs."""
+    teacher = real_model_dir(QWEN)
+    root = tmp_path_factory.mktemp("qwen")
+    with measure("adapt_init_student", model=QWEN) as usage:
+        student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2}},
+                        root / "student", progress=False)  # fmt: skip
+    print(usage.summary())
+    yield teacher, student, root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_qwen_family_from_patch_all_rebuilds_the_untied_teacher(qwen_student):
+    teacher, student, root = qwen_student
+    layer_map = LayerMap.load(student)
+    assert layer_map.kept_layers == list(range(0, 24, 2))
+    assert layer_map.blocks == tuple((i, i + 2) for i in range(0, 24, 2))
+    assert AutoConfig.from_pretrained(student).tie_word_embeddings is False
+    assert "lm_head.weight" in TensorReader(student).names()  # the untied head is copied, not re-tied
+
+    config = root / "patch.yaml"
+    config.write_text(json.dumps({"teacher": str(teacher), "student": str(student)}))  # JSON is YAML
+    with measure("adapt_patch_all", model=QWEN) as usage:
+        assert main(["merge", "patch", str(config), "--out", str(root / "family"), "--all", "--no-progress"]) == 0
+    print(usage.summary())
+    family = json.loads((root / "family" / "family.json").read_text())
+    sizes = [model["dir"] for model in family["models"]]
+    assert sizes == [f"k{k:02d}" for k in range(13)]
+    for k, size in enumerate(sizes):  # each patched block puts back its two teacher layers
+        assert AutoConfig.from_pretrained(root / "family" / size).num_hidden_layers == 12 + k
+    same_checkpoint(root / "family" / "k12", teacher)
+
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    with measure("adapt_generate_patched", model=QWEN) as usage:
+        assert greedy(root / "family" / "k12", tokenizer) == greedy(teacher, tokenizer)
+        assert len(greedy(root / "family" / "k06", tokenizer, tokens=4)) == 4
+    print(usage.summary())
+    shutil.rmtree(root / "family")
+
+
+def test_qwen_weight_delta_transfers_between_two_variants(qwen_student):
+    """θ_variant_init + (θ_distilled − θ_init), tensor by tensor; the two students are seeded perturbations of the
+    real init (standing in for a distilled student and for the init of a sibling model's student)."""
+    teacher, student, root = qwen_student
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    distilled = distilled_copy(student, root / "distilled", tokenizer, seed=7)
+    variant_init = distilled_copy(student, root / "variant-init", tokenizer, seed=11)
+    with measure("adapt_delta_transfer", model=QWEN) as usage:
+        delta = merge({"op": "delta", "init": str(student), "distilled": str(distilled)}, root / "delta",
+                      progress=False)  # fmt: skip
+        out = merge({"op": "apply-delta", "init": str(variant_init), "delta": str(delta)}, root / "transferred",
+                    progress=False)  # fmt: skip
+    print(usage.summary())
+    result, variant = TensorReader(out), TensorReader(variant_init)
+    base, moved = TensorReader(student), TensorReader(distilled)
+    assert result.names() == variant.names() == base.names()
+    for tensor in base.names():
+        expected = variant.get(tensor) + (moved.get(tensor) - base.get(tensor))  # the float32 delta, then the sum
+        assert torch.equal(result.get(tensor), expected), tensor
+    assert LayerMap.load(out) == LayerMap.load(student)
+    assert AutoConfig.from_pretrained(out).num_hidden_layers == 12
