@@ -21,7 +21,7 @@ The frozen side comes from one of five sources:
   once (from the disabled adapter, the model before training, or a reference model): exact for any vocabulary,
   and a measurement then costs one forward pass plus the head kernel. The default for measuring drift.
 - `ExpectationCache.build(...)`: for a frozen head without soft-capping (PEFT), the two numbers per token that
-  forward KL needs (the frozen distribution's expected output embedding and negative entropy): exact, and a
+  forward KL needs (the frozen distribution's expected output embedding and a float64 offset): exact, and a
   measurement costs one forward pass plus one chunked head pass, like the forward pass itself.
 - `FrozenCache.build(...)`: frozen log-probs computed once over a fixed set of batches. Exact when `top_k` is
   None (sensible for small vocabularies: it stores every position × vocab). With `top_k` it keeps the k most
@@ -56,7 +56,6 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
-from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.atomic import atomic_file
@@ -110,16 +109,17 @@ class OutputHead:
         config = base.config.get_text_config()
         return cls(weight, bias, logit_scale(config), getattr(config, "final_logit_softcapping", None))
 
-    def logits(self, hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-        """fp32 logits of a few tokens after scale, soft-cap and temperature (for tiles, never a whole batch)."""
-        weight = self.weight
+    def logits(self, hidden: torch.Tensor, temperature: float = 1.0, vocab: slice = slice(None)) -> torch.Tensor:
+        """fp32 logits of a few tokens after scale, soft-cap and temperature (for tiles, never a whole batch);
+        `vocab` selects a tile of the vocabulary."""
+        weight = self.weight[vocab]
         if hidden.is_cuda and weight.dtype in (torch.float16, torch.bfloat16):
             # fp32 products accumulated from half-precision inputs, without an fp32 copy of the whole head
             z = torch.mm(hidden.to(weight.dtype), weight.t(), out_dtype=torch.float32)
         else:
             z = hidden.float() @ weight.float().t()
         if self.bias is not None:
-            z = z + self.bias.float()
+            z = z + self.bias[vocab].float()
         z = z * self.scale
         if self.softcap is not None:
             z = self.softcap * torch.tanh(z / self.softcap)
@@ -141,6 +141,61 @@ def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """
     shifted = logits - logits.amax(-1, keepdim=True)
     return shifted - shifted.exp().sum(-1, keepdim=True, dtype=torch.float64).log().to(logits.dtype)
+
+
+class _LogNormaliser(torch.autograd.Function):
+    """log Σ_v exp(z_v) per token in float64, from fp32 logit tiles of (tokens × VOCAB_TILE); frozen head.
+
+    fp32 cannot hold it to better than ~2e-6 (its size is ~28 on SmolLM2), and `ExpectationCache` subtracts two
+    of them to get KLs far smaller than that. The backward pass recomputes the tiles: only the hidden states get a
+    gradient, (s/T)·Wᵀq.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, head: OutputHead, temperature: float) -> torch.Tensor:
+        peaks, sums = [], []
+        for start in range(0, head.weight.shape[0], VOCAB_TILE):
+            z = head.logits(hidden, temperature, slice(start, start + VOCAB_TILE))
+            peak = z.amax(-1, keepdim=True)
+            peaks.append(peak.double())
+            sums.append(z.sub_(peak).exp_().sum(-1, keepdim=True, dtype=torch.float64))
+        peaks, sums = torch.cat(peaks, -1), torch.cat(sums, -1)
+        top = peaks.amax(-1, keepdim=True)
+        log_normaliser = (top + (sums * (peaks - top).exp()).sum(-1, keepdim=True).log()).squeeze(-1)
+        ctx.save_for_backward(hidden, log_normaliser)
+        ctx.head, ctx.temperature = head, temperature
+        return log_normaliser
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        hidden, log_normaliser = ctx.saved_tensors
+        head, temperature = ctx.head, ctx.temperature
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        shift = log_normaliser.float().unsqueeze(-1)
+        for start in range(0, head.weight.shape[0], VOCAB_TILE):
+            tile = slice(start, start + VOCAB_TILE)
+            q = head.logits(hidden, temperature, tile).sub_(shift).exp_()
+            grad_hidden += q @ head.weight[tile].float()
+        grad_hidden *= (head.scale / temperature) * grad.float().unsqueeze(-1)
+        return grad_hidden.to(hidden.dtype), None, None
+
+
+def log_normaliser(hidden: torch.Tensor, head: OutputHead, temperature: float = 1.0) -> torch.Tensor:
+    """(N,) float64 log-normalisers of a frozen head's logits for (N, H) hidden states, differentiable in them.
+
+    Tokens go through in chunks of DEFAULT_TOKEN_CHUNK, so equal hidden states give bit-equal results.
+
+    >>> head = OutputHead(torch.randn(50000, 64), None)  # two vocabulary tiles
+    >>> hidden = torch.randn(3, 64)
+    >>> exact = torch.logsumexp(hidden.double() @ head.weight.double().t(), -1)
+    >>> bool((log_normaliser(hidden, head) - exact).abs().max() < 1e-5)
+    True
+    """
+    pieces = [
+        _LogNormaliser.apply(hidden[start : start + DEFAULT_TOKEN_CHUNK], head, temperature)
+        for start in range(0, hidden.shape[0], DEFAULT_TOKEN_CHUNK)
+    ]
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float64)
 
 
 def last_hidden_states(
@@ -475,16 +530,24 @@ class HiddenStateCache(_BatchCache):
         return cls(entries, head)
 
 
+def _dot(hidden: torch.Tensor, moment: torch.Tensor) -> torch.Tensor:
+    """Row-wise h·m in float64, differentiable in `hidden`."""
+    return (hidden.double() * moment.to(hidden.device, torch.float64)).sum(-1)
+
+
 class ExpectationCache(_BatchCache):
     """Exact forward KL(frozen‖current) at the cost of one head projection, for a frozen head without soft-cap.
 
     With logits z = (s/T)(W h + b) and the head shared by both sides (a PEFT model whose head is not adapted),
-    KL(p‖q) = Σ p log p − Σ_v p_v z_q,v + log Z_q, and Σ_v p_v z_q,v = (s/T)(h_q · Wᵀp + bᵀp). So per scored
-    token the cache keeps the H-vector m = Wᵀp and the scalar c = Σ p log p − (s/T) bᵀp; a measurement is then
-    c − (s/T) h_q·m + log Z_q, with log Z_q from TRL's chunked log-prob kernel: one forward pass plus one
-    projection that never materialises the logits, and differentiable. Memory: (scored tokens × H) fp32.
-    Soft-capped heads (Gemma 2) are not linear in h: use `HiddenStateCache` there.
+    KL(p‖q) = Σ_v p_v (z_p,v − z_q,v) + log Z_q − log Z_p = (s/T)(h_p − h_q)·Wᵀp + log Z_q − log Z_p (the bias
+    cancels). So per scored token the cache keeps the H-vector m = Wᵀp and the scalar c = (s/T) h_p·m − log Z_p;
+    a measurement is c − (s/T) h_q·m + log Z_q: one forward pass plus one tiled head pass that never materialises
+    the logits, and differentiable. c, h_q·m and log Z are float64: they are ~20–30 on real models, where fp32
+    would leave a floor of ~1e-6 under every KL (what an identity adapter measured). Memory: (scored tokens × H)
+    fp32 plus one float64 per token. Soft-capped heads (Gemma 2) are not linear in h: use `HiddenStateCache`.
     """
+
+    FORM = "log-normaliser"  # what "constant" holds; caches saved before it was float64 c − log Z_p are refused
 
     def __init__(self, entries=None, scale: float = 1.0, temperature: float = 1.0):
         super().__init__(entries)
@@ -512,19 +575,16 @@ class ExpectationCache(_BatchCache):
         cache = cls(scale=head.scale, temperature=temperature)
         factor = head.scale / temperature
         for key, hidden in _frozen_hidden(model, batches, disable_adapter):
-            moments, constants = [], []
+            moments = []
             with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
                 weight = head.weight.float()  # m = Wᵀp needs fp32 throughout: an error in m is an error in KL
                 for start in range(0, max(hidden.shape[0], 1), token_chunk_size):
-                    log_p = log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature))
-                    p = log_p.exp()
-                    constant = (p * log_p).sum(-1, dtype=torch.float64)
-                    if head.bias is not None:
-                        constant -= factor * (p @ head.bias.float())
-                    constant = constant.float()
+                    p = log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature)).exp()
                     moments.append(p @ weight)
-                    constants.append(constant)
-            cache.entries[key] = {"moment": torch.cat(moments), "constant": torch.cat(constants)}
+                moment = torch.cat(moments)
+                # the measurement's own float64 terms on the frozen side: equal hidden states give exactly 0
+                constant = factor * _dot(hidden, moment) - log_normaliser(hidden, head, temperature)
+            cache.entries[key] = {"moment": moment, "constant": constant}
         return cache
 
     def divergence(
@@ -542,27 +602,21 @@ class ExpectationCache(_BatchCache):
         moment = entry["moment"].to(current_hidden.device, non_blocking=True)
         constant = entry["constant"].to(current_hidden.device, non_blocking=True)
         factor = head.scale / temperature
-        pieces = []
+        if current_hidden.shape[0] == 0:
+            return _no_tokens(current_hidden), None
         with maybe_gather_lm_head_ctx(head.weight, head.bias):
-            for start in range(0, current_hidden.shape[0], DEFAULT_TOKEN_CHUNK):
-                hidden = current_hidden[start : start + DEFAULT_TOKEN_CHUNK]
-                # log Z = z_0 − log q(0): the kernel's log-prob of token 0 carries the log-normaliser
-                first = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
-                log_q_first = ChunkedLogProbFunction.apply(
-                    hidden, head.weight, head.bias, first, temperature, VOCAB_TILE, None, head.scale, ()
-                )[0]
-                z_first = factor * (hidden.float() @ head.weight[0].float())
-                expected = factor * (hidden.float() * moment[start : start + DEFAULT_TOKEN_CHUNK]).sum(-1)
-                if head.bias is not None:
-                    z_first = z_first + factor * head.bias[0].float()
-                pieces.append(constant[start : start + DEFAULT_TOKEN_CHUNK] - expected + z_first - log_q_first)
-        return (torch.cat(pieces) if pieces else _no_tokens(current_hidden)), None
+            values = (
+                constant - factor * _dot(current_hidden, moment) + log_normaliser(current_hidden, head, temperature)
+            )
+        return values.float(), None  # a difference of float64 terms: fp32 keeps it to 6e-8 relative
 
     def _metadata(self):
-        return {"scale": repr(self.scale), "temperature": repr(self.temperature)}
+        return {"scale": repr(self.scale), "temperature": repr(self.temperature), "form": self.FORM}
 
     @classmethod
     def _from_saved(cls, entries, metadata):
+        if metadata.get("form") != cls.FORM:
+            raise ValueError("this ExpectationCache was saved by an older kinfolk (fp32 terms); build it again")
         return cls(entries, float(metadata.get("scale", "1.0")), float(metadata.get("temperature", "1.0")))
 
 
