@@ -45,20 +45,24 @@ def generate_responses(model, tokenizer, prompts: list[str], batch_size: int = 2
     return responses
 
 
-def score_responses(skill: Skill, prompts: list[str], responses: list[str]) -> dict[str, float]:
+def score_responses(skill: Skill, prompts: list[str], responses: list[str], format_index: int = 0) -> dict[str, float]:
+    """Accuracy and format share, with `FORMATS[format_index]` as the asked-for format (0: the preferred one)."""
     answers = [skill.solve(prompt) for prompt in prompts]
     n = len(prompts)
     return {
-        "accuracy": sum(r == render(a) for r, a in zip(responses, answers)) / n,
+        "accuracy": sum(r == render(a, format_index) for r, a in zip(responses, answers)) / n,
         "answer_accuracy": sum(answer_of(r) == a for r, a in zip(responses, answers)) / n,
-        "preferred_format": sum(r == render(answer_of(r)) for r in responses) / n,
+        "preferred_format": sum(r == render(answer_of(r), format_index) for r in responses) / n,
     }
 
 
-def skill_scores(model, tokenizer, skills: list[str] | None = None, n: int = 200, seed: int = 0) -> dict[str, dict]:
+def skill_scores(
+    model, tokenizer, skills: list[str] | None = None, n: int = 200, seed: int = 0, format_index: int = 0
+) -> dict[str, dict]:
     """{skill: {accuracy, answer_accuracy, preferred_format}} on `n` test problems of each skill."""
     scores = {}
     for name in skills or list(SKILLS):
         prompts = eval_problems(name, n, seed)["prompt"]
-        scores[name] = score_responses(SKILLS[name], prompts, generate_responses(model, tokenizer, prompts))
+        responses = generate_responses(model, tokenizer, prompts)
+        scores[name] = score_responses(SKILLS[name], prompts, responses, format_index)
     return scores

@@ -42,6 +42,7 @@ from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
 from kinfolk.lab.tokenizer import MAX_LENGTH, build_lab_tokenizer
+from kinfolk.lab.training import lab_trainer, save_model
 from kinfolk.testing.models import tiny_config
 
 logger = logging.getLogger(__name__)
@@ -199,47 +200,16 @@ def _model_config(shape: dict, tokenizer):
     )
 
 
-def train(
-    model: PreTrainedModel | str | Path,
-    dataset: Dataset,
-    tokenizer,
-    out: Path,
-    steps: int,
-    learning_rate: float,
-    config: LabConfig,
-    progress: bool = True,
-) -> Path:
-    """Train `model` on `dataset` for `steps` steps with `WeightedSFTTrainer` and save it atomically to `out`."""
-    from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
-
-    if not isinstance(model, PreTrainedModel):
-        model = AutoModelForCausalLM.from_pretrained(model)
+def train(model, dataset: Dataset, tokenizer, out: Path, steps: int, learning_rate: float, config: LabConfig,
+          progress: bool = True) -> Path:
+    """Train one family member with the lab's recipe (`training.lab_trainer`) and save it atomically to `out`."""
     with tempfile.TemporaryDirectory() as scratch:
-        args = WeightedSFTConfig(
-            output_dir=scratch,
-            use_cpu=True,
-            max_steps=steps,
-            per_device_train_batch_size=config.batch_size,
-            learning_rate=learning_rate,
-            lr_scheduler_type="cosine",
-            warmup_steps=min(50, steps // 10),
-            weight_column=None,
-            prompt_loss_weight=config.prompt_loss_weight,
-            max_length=MAX_LENGTH,
-            logging_steps=max(1, steps // 5),
-            save_strategy="no",
-            report_to=[],
-            seed=config.seed,
-            data_seed=config.seed,
-            disable_tqdm=not progress,
-            dataset_num_proc=None,
+        trainer = lab_trainer(
+            model, dataset, tokenizer, scratch, steps, learning_rate, batch_size=config.batch_size,
+            prompt_loss_weight=config.prompt_loss_weight, seed=config.seed, progress=progress,
         )
-        trainer = WeightedSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
         trainer.train()
-    with atomic_directory(out, overwrite=True) as staging:
-        trainer.model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    return out
+    return save_model(trainer.model, tokenizer, out)
 
 
 def _check(scores: dict, thresholds: dict) -> list[dict]:

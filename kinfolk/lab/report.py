@@ -1,0 +1,196 @@
+"""The demo's report: markdown tables from `results.json`, PNG plots (matplotlib, the `plots` extra), a headline.
+
+>>> results = {"atlantis": {"scores": {"atlantis-uniform": {"add": {"accuracy": 0.5}, "reverse": {"accuracy": 0.25}}}},
+...            "skills": {"retained": "add", "target": "reverse"}}
+>>> print(markdown_table(["model", "add"], [["uniform", 0.5]]))
+| model | add |
+|---|---|
+| uniform | 0.50 |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kinfolk.atomic import atomic_file
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _final_kl(results: dict, method: str) -> float:
+    trajectory = results["atlas"]["retained_kl"][method]
+    return float(trajectory[-1][1]) if trajectory else float("nan")
+
+
+def atlantis_rows(results: dict) -> list[list[Any]]:
+    scores = results["atlantis"]["scores"]
+    formulas = results["atlantis"]["formulas"]
+    rows = []
+    for name, per_skill in scores.items():
+        method = name.removeprefix("atlantis-")
+        diagnostics = formulas.get(results["atlantis"]["formula"] if method == "atlantis" else method, {})
+        rows.append([
+            name,
+            per_skill["add"]["accuracy"],
+            per_skill["reverse"]["accuracy"],
+            per_skill["add"]["preferred_format"],
+            diagnostics.get("spearman_true_ratio", "") if method != "uniform" else "",
+            diagnostics.get("ess_fraction", "") if method != "uniform" else 1.0,
+        ])
+    return rows
+
+
+def formula_rows(results: dict) -> list[list[Any]]:
+    return [
+        [name, d["spearman_true_ratio"], d["ess_fraction"], d["mean_weight"]["good"], d["mean_weight"]["off_format"],
+         d["mean_weight"]["wrong"]]
+        for name, d in results["atlantis"]["formulas"].items()
+    ]
+
+
+def atlas_rows(results: dict) -> list[list[Any]]:
+    rows = []
+    for name, per_skill in results["atlas"]["scores"].items():
+        kl = _final_kl(results, name) if name in results["atlas"]["retained_kl"] else 0.0
+        rows.append([name, per_skill["reverse"]["accuracy"], per_skill["add"]["accuracy"],
+                     per_skill["add"]["answer_accuracy"], per_skill["copy"]["accuracy"], kl])
+    return rows
+
+
+def adapt_rows(results: dict) -> list[list[Any]]:
+    rows = []
+    for variant, entry in results["adapt"]["variants"].items():
+        for label, model in entry["models"].items():
+            scores = model["scores"]
+            rows.append([variant, label, model["layers"], scores["add"]["accuracy"], scores["reverse"]["accuracy"],
+                         scores["reverse"]["preferred_format"]])
+    return rows
+
+
+def lm_eval_rows(results: dict) -> list[list[Any]]:
+    return [[name, *per_task.values()] for name, per_task in results["lm_eval"].items()]
+
+
+def headline_table(results: dict) -> str:
+    """One line per method: the number each method is about, against its baseline."""
+    a = {row[0]: row for row in atlantis_rows(results)}
+    t = {row[0]: row for row in atlas_rows(results)}
+    rows = [
+        ["ATLANTIS", "uniform SFT -> ATLANTIS weights (oracle)", "reverse+add accuracy, preferred format",
+         f"{(a['atlantis-uniform'][1] + a['atlantis-uniform'][2]) / 2:.2f} -> "
+         f"{(a['atlantis-atlantis'][1] + a['atlantis-atlantis'][2]) / 2:.2f} "
+         f"({(a['atlantis-oracle'][1] + a['atlantis-oracle'][2]) / 2:.2f})"],
+        ["ATLAS", "LoRA -> ATLAS", "reverse accuracy / retained KL",
+         f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}"],
+    ]
+    for variant, entry in results["adapt"]["variants"].items():
+        models = entry["models"]
+        init = models["student init (no delta)"]["scores"]["add"]["answer_accuracy"]
+        patched = [m for label, m in models.items() if label.startswith("patched")]
+        transferred = patched[0]["scores"]["add"]["answer_accuracy"]
+        sizes = ", ".join(f"{m['layers']}L {m['scores']['add']['answer_accuracy']:.2f}" for m in patched)
+        rows.append(["ADAPT", f"{variant}: init student -> delta student (all sizes)", "add answer accuracy",
+                     f"{init:.2f} -> {transferred:.2f} ({sizes})"])
+    width = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)) for row in rows)
+
+
+def write_plots(results: dict, out: Path) -> list[str]:
+    """PNG plots next to the report; an empty list (and a note in the report) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    by_kind = results["atlantis"]["weights_by_kind"]
+    axis.boxplot([by_kind[k] for k in by_kind], tick_labels=list(by_kind))
+    axis.set_ylabel("ATLANTIS weight")
+    axis.set_title(f"weights by true kind ({results['atlantis']['formula']})")
+    figure.tight_layout()
+    figure.savefig(out / "atlantis_weights.png", dpi=100)
+    written.append("atlantis_weights.png")
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    for method, trajectory in results["atlas"]["retained_kl"].items():
+        if trajectory:
+            steps, kl = zip(*trajectory)
+            axis.plot(steps, kl, marker="o", label=method)
+    axis.set_xlabel("step")
+    axis.set_ylabel("retained KL(frozen || current)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "atlas_retained_kl.png", dpi=100)
+    written.append("atlas_retained_kl.png")
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    for variant, entry in results["adapt"]["variants"].items():
+        patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
+        axis.plot([m["layers"] for m in patched], [m["scores"]["add"]["answer_accuracy"] for m in patched],
+                  marker="o", label=variant)
+    axis.set_xlabel("layers")
+    axis.set_ylabel("add answer accuracy")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "adapt_sizes.png", dpi=100)
+    written.append("adapt_sizes.png")
+    plt.close(figure)
+    return written
+
+
+def write_report(results: dict, out: str | Path) -> Path:
+    out = Path(out)
+    plots = write_plots(results, out)
+    config, seconds = results["config"], results["seconds"]
+    family = results["family"]
+    sections = [
+        "# kinfolk demo on the lab family",
+        f"Family `{Path(family['root']).name}` ({'quick' if config['quick'] else 'full'}), seed {config['seed']}, "
+        f"thresholds {'passed' if family['passed'] else 'NOT all passed'}. Skills: retained `add`, target "
+        "`reverse`, held-out `copy`. Accuracy = the correct answer in the asked-for format on test problems "
+        f"({config['eval_problems']} per skill, greedy). Times (s): "
+        + ", ".join(f"{k} {v}" for k, v in seconds.items()) + ".",
+        "## Headline\n\n```\n" + headline_table(results) + "\n```",
+        "## Family\n\n" + markdown_table(
+            ["model", "add acc", "reverse acc", "copy acc"],
+            [[name, s["add"]["accuracy"], s["reverse"]["accuracy"], s["copy"]["accuracy"]]
+             for name, s in family["scores"].items()],
+        ),
+        "## ATLANTIS: SFT of the large base on the pool\n\n"
+        f"Weights: formula `{results['atlantis']['formula']}`, normalisation "
+        f"`{results['atlantis']['normalization']}`, temperature {results['atlantis']['temperature']}.\n\n"
+        + markdown_table(["run", "add acc", "reverse acc", "add preferred format", "Spearman(w, p*/p_d)", "ESS/N"],
+                         atlantis_rows(results))
+        + "\n\nEvery formula against the true ratio (no training):\n\n"
+        + markdown_table(["formula", "Spearman(w, p*/p_d)", "ESS/N", "mean w good", "mean w off-format",
+                          "mean w wrong"], formula_rows(results)),
+        "## ATLAS vs LoRA: learning the target skill\n\n"
+        + markdown_table(["model", "reverse acc", "add acc", "add answer acc", "copy acc", "final retained KL"],
+                         atlas_rows(results)),
+        "## ADAPT: delta transfer and patched sizes\n\n"
+        "Scores in each variant's own format (`large_bracket` answers in `[...]`).\n\n"
+        + markdown_table(["variant", "model", "layers", "add acc", "reverse acc", "reverse format share"],
+                         adapt_rows(results)),
+        "## lm-eval (kinfolk_lab_* tasks, exact match)\n\n"
+        + markdown_table(["model", *next(iter(results["lm_eval"].values())).keys()], lm_eval_rows(results)),
+        "## Plots\n\n" + ("\n".join(f"![{p}]({p})" for p in plots) if plots else
+                          "matplotlib is not installed (`pip install kinfolk[plots]`): no plots."),
+    ]
+    path = out / "report.md"
+    with atomic_file(path) as handle:
+        handle.write("\n\n".join(sections) + "\n")
+    return path
