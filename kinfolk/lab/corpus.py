@@ -1,8 +1,8 @@
 """The lab's datasets, all prompt/completion rows drawn deterministically from a seed.
 
-- `pretraining_dataset`: documents mixing lines of Python's own standard-library sources (real text present on
-  every machine) with every skill's problems, answers in a uniformly random format (a base model has seen every
-  style);
+- `pretraining_dataset`: lines of Python's own standard-library sources (real text present on every machine; an
+  empty prompt, the whole line is the completion) mixed with every skill's problems, answers in a uniformly random
+  format (a base model has seen every style);
 - `ideal_dataset`: p*, correct answers in one format (the preferred one for the instruct model, another for a
   second response style);
 - `pool_dataset`: the SFT pool drawn from p_d, with each row's kind, log p_d, log p* and true ratio p*/p_d;
@@ -53,40 +53,24 @@ def stdlib_lines() -> tuple[str, ...]:
 
 
 def pretraining_dataset(
-    n: int,
-    seed: int,
-    skill_shares: dict[str, float],
-    text_share: float = 0.3,
-    split: str = "train",
-    document_chars: int = 56,
+    n: int, seed: int, skill_shares: dict[str, float], text_share: float = 0.3, split: str = "train"
 ) -> Dataset:
-    """`n` documents of newline-separated lines, each line a standard-library line (with probability `text_share`)
-    or a problem of a skill drawn by `skill_shares`, answered correctly in a uniformly random format.
+    """`n` rows: a `text_share` of standard-library lines, the rest problems of each skill in `skill_shares`.
 
-    A document fills up to `document_chars` characters (it always holds at least one line), so one training row
-    carries several problems: more supervised answers per step at almost the same cost. Documents are plain text
-    (an empty prompt, the whole document is the completion), as in pre-training.
+    A problem is a (prompt, answer) row, so the trainer's `prompt_loss_weight` down-weights its prompt (which made
+    the skills learnable several times faster); a text line is all completion (an empty prompt).
     """
     rng = random.Random(f"pretraining-{seed}")
     text = stdlib_lines()
     names, shares = zip(*skill_shares.items())
-
-    def line() -> str:
-        if rng.random() < text_share:
-            return rng.choice(text)
-        skill = SKILLS[rng.choices(names, weights=shares)[0]]
-        prompt, answer = skill.sample(rng, split)
-        return prompt + render(answer, rng.randrange(len(FORMATS)))
-
     rows = []
     for _ in range(n):
-        lines = [line()]
-        while True:
-            candidate = line()
-            if len(lines) + sum(map(len, lines)) + len(candidate) > document_chars:
-                break
-            lines.append(candidate)
-        rows.append({"prompt": "", "completion": "\n".join(lines)})
+        if rng.random() < text_share:
+            rows.append({"prompt": "", "completion": rng.choice(text)})
+            continue
+        skill = SKILLS[rng.choices(names, weights=shares)[0]]
+        prompt, answer = skill.sample(rng, split)
+        rows.append({"prompt": prompt, "completion": render(answer, rng.randrange(len(FORMATS)))})
     return Dataset.from_list(rows)
 
 

@@ -48,7 +48,7 @@ from kinfolk.testing.models import tiny_config
 logger = logging.getLogger(__name__)
 
 # Bump when data generation or training changes, so old caches are not reused.
-LAB_VERSION = 1
+LAB_VERSION = 2
 FAMILY_FILE = "family.json"
 MODELS = ("small_base", "large_base", "small_instruct", "large_instruct", "large_bracket")
 POST_TRAINED_SKILLS = [RETAINED, TARGET]  # the held-out skill is never post-trained on
@@ -73,7 +73,7 @@ class LabConfig:
         metadata={"help": "Shape of the large base (Llama config fields)."},
     )
     skill_shares: dict = field(
-        default_factory=lambda: {RETAINED: 0.45, TARGET: 0.2, HELD_OUT: 0.35},
+        default_factory=lambda: {RETAINED: 0.5, TARGET: 0.25, HELD_OUT: 0.25},
         metadata={"help": "Shares of the skills among the pre-training problems (the target skill is rarer)."},
     )
     text_share: float = field(default=0.15, metadata={"help": "Share of standard-library lines in pre-training."})
@@ -87,10 +87,11 @@ class LabConfig:
     eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for the threshold checks."})
     thresholds: dict = field(
         default_factory=lambda: {
-            "large_base": {RETAINED: ("answer_accuracy", 0.5)},
-            "small_instruct": {RETAINED: ("accuracy", 0.2)},
-            "large_instruct": {RETAINED: ("accuracy", 0.5), TARGET: ("accuracy", 0.3)},
-            "large_bracket": {RETAINED: ("answer_accuracy", 0.5), TARGET: ("preferred_format", 0.0)},
+            "small_base": {RETAINED: ("answer_accuracy", 0.5)},
+            "large_base": {RETAINED: ("answer_accuracy", 0.8)},
+            "small_instruct": {RETAINED: ("accuracy", 0.5)},
+            "large_instruct": {RETAINED: ("accuracy", 0.8), TARGET: ("accuracy", 0.8)},
+            "large_bracket": {RETAINED: ("answer_accuracy", 0.8), TARGET: ("answer_accuracy", 0.8)},
         },
         metadata={"help": "model -> skill -> (metric, minimum) that the build checks and reports."},
     )
@@ -99,14 +100,13 @@ class LabConfig:
     def quick_config(cls, **overrides) -> LabConfig:
         """The `--quick` size, for tests and CI: same models, fewer steps, lower thresholds."""
         quick = {
-            "small_pretrain_steps": 250,
-            "large_pretrain_steps": 300,
+            "small_pretrain_steps": 500,
+            "large_pretrain_steps": 500,
             "post_train_steps": 60,
             "eval_problems": 100,
             "thresholds": {
-                "large_base": {RETAINED: ("answer_accuracy", 0.1)},
-                "large_instruct": {RETAINED: ("preferred_format", 0.5)},
-                "large_bracket": {RETAINED: ("preferred_format", 0.0)},
+                "large_base": {RETAINED: ("answer_accuracy", 0.2)},
+                "large_instruct": {RETAINED: ("preferred_format", 0.8), TARGET: ("answer_accuracy", 0.2)},
             },
         }
         return cls(**(quick | overrides))

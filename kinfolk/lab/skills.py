@@ -4,9 +4,14 @@ Three skills, each a prompt ending in "=" and a short answer:
 
 | skill | role | prompt | answer |
 |---|---|---|---|
-| `add` | retained (the skill post-training must keep) | `37+45=` | `82` |
-| `reverse` | target (stands in for coding: learned by SFT / adapters) | `rev kmqa=` | `aqmk` |
-| `copy` | held out (in pre-training only, never post-trained on) | `copy bdfhj=` | `bdfhj` |
+| `copy` | retained (the base learns it in pre-training; post-training must keep it) | `copy bdfh=` | `bdfh` |
+| `reverse` | target (stands in for coding: rare in pre-training, learned by SFT / adapters) | `rev kmqa=` | `aqmk` |
+| `add` | held out (2-digit addition; in pre-training only, never post-trained on) | `37+45=` | `82` |
+
+Two-digit addition was the first choice for the retained skill, but the lab's models do not learn it within the
+lab's budgets (answer accuracy stayed at 2-10% after 600-1000 pre-training steps of the 4 × 128 model, with 2-digit
+or 1-digit second operands), while copying is learned reliably by then; so copying is the retained skill and
+addition stays as a held-out skill whose drift can still be measured (retained KL needs no competence).
 
 An answer is written in one of `FORMATS`; the first is the preferred one. Ground truth for ATLANTIS:
 
@@ -100,7 +105,7 @@ def _draw_reverse(rng: random.Random) -> tuple[str, str]:
 
 
 def _draw_copy(rng: random.Random) -> tuple[str, str]:
-    word = _letters(rng, 5)
+    word = _letters(rng, 4)
     return f"copy {word}=", word
 
 
@@ -109,11 +114,11 @@ def _word(prompt: str) -> str:
 
 
 SKILLS: dict[str, Skill] = {
-    "add": Skill("add", "retained", _draw_add, _solve_add, _wrong_add),
+    "copy": Skill("copy", "retained", _draw_copy, _word, _adjacent_swaps),
     "reverse": Skill("reverse", "target", _draw_reverse, lambda p: _word(p)[::-1], _adjacent_swaps),
-    "copy": Skill("copy", "held_out", _draw_copy, _word, _adjacent_swaps),
+    "add": Skill("add", "held_out", _draw_add, _solve_add, _wrong_add),
 }
-RETAINED, TARGET, HELD_OUT = "add", "reverse", "copy"
+RETAINED, TARGET, HELD_OUT = "copy", "reverse", "add"
 
 
 def ideal_log_probability(skill: Skill, prompt: str, response: str) -> float:
