@@ -67,4 +67,7 @@ def test_quick_family_reaches_its_thresholds(tmp_path):
     assert family.checks, "the quick config checks thresholds"
     assert family.passed, family.summary()
     # the ground truth the lab promises: post-training on p* moves the instruct model to the preferred format
-    assert family.scores["large_instruct"]["add"]["preferred_format"] > family.scores["large_base"]["add"]["preferred_format"]
+    assert (
+        family.scores["large_instruct"]["add"]["preferred_format"]
+        > family.scores["large_base"]["add"]["preferred_format"]
+    )

@@ -10,12 +10,16 @@ import time
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kinfolk lab", description="The lab: a tiny model family with known ground truth.")
+    parser = argparse.ArgumentParser(
+        prog="kinfolk lab", description="The lab: a tiny model family with known ground truth."
+    )
     actions = parser.add_subparsers(dest="action", required=True, metavar="<action>")
     build = actions.add_parser("build", help="train (or load from the cache) the lab's model family")
     build.add_argument("--quick", action="store_true", help="the small size for tests and CI (fewer steps)")
     build.add_argument("--seed", type=int, default=0, help="seed of the data and every training run")
-    build.add_argument("--cache_dir", default=None, help="cache root (default ~/.cache/kinfolk/lab or KINFOLK_LAB_CACHE)")
+    build.add_argument(
+        "--cache_dir", default=None, help="cache root (default ~/.cache/kinfolk/lab or KINFOLK_LAB_CACHE)"
+    )
     build.add_argument("--force", action="store_true", help="retrain even when the cache holds the family")
     build.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser

@@ -133,8 +133,15 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
         say(f"ATLANTIS: SFT of the large base on the pool, {name} weights ({config.sft_steps} steps)")
         with tempfile.TemporaryDirectory() as scratch:
             trainer = lab_trainer(
-                models["large_base"], data, tokenizer, scratch, config.sft_steps, config.sft_learning_rate,
-                seed=config.seed, weight_column=column, progress=say.enabled,
+                models["large_base"],
+                data,
+                tokenizer,
+                scratch,
+                config.sft_steps,
+                config.sft_learning_rate,
+                seed=config.seed,
+                weight_column=column,
+                progress=say.enabled,
             )
             trainer.train()
         save_model(trainer.model, tokenizer, out / "models" / f"atlantis-{name}")
@@ -163,7 +170,9 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
     tokenizer = family.tokenizer()
     retained, retained_eval, target = family.retained(512), family.retained(128), family.target_train(1024)
     atlas_config = AtlasConfig(
-        r=config.adapter_rank, residual="atlas", num_regions=config.atlas_regions,
+        r=config.adapter_rank,
+        residual="atlas",
+        num_regions=config.atlas_regions,
         layers_to_transform=[config.adapter_layer],
     )
     results: dict[str, Any] = {"scores": {"large_base": family.scores["large_base"]}, "retained_kl": {}}
@@ -174,17 +183,26 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         if method == "atlas":
             say(f"ATLAS: fitting the atlas ({config.atlas_regions} regions) on {len(retained)} retained examples")
             fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=config.seed)
-        say(f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer}) learns "
-            f"{TARGET} ({config.adapter_steps} steps)")
+        say(
+            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer}) learns "
+            f"{TARGET} ({config.adapter_steps} steps)"
+        )
         run_dir = out / "runs" / method
         shutil.rmtree(run_dir, ignore_errors=True)
         trainer = lab_trainer(
-            model, target, tokenizer, run_dir, config.adapter_steps, config.adapter_learning_rate,
-            seed=config.seed, progress=say.enabled,
+            model,
+            target,
+            tokenizer,
+            run_dir,
+            config.adapter_steps,
+            config.adapter_learning_rate,
+            seed=config.seed,
+            progress=say.enabled,
         )
         trainer.add_callback(
-            RetainedKLCallback(trainer, retained_eval, every_n_steps=max(1, config.adapter_steps // 8),
-                               measure_at_start=True)
+            RetainedKLCallback(
+                trainer, retained_eval, every_n_steps=max(1, config.adapter_steps // 8), measure_at_start=True
+            )
         )
         trainer.train()
         rows = read_rows(run_dir)
@@ -207,19 +225,36 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
     say("ADAPT: layer-dropped students of the teacher and of both variants (kinfolk merge init-student)")
     merge({"op": "init-student", "teacher": str(teacher), "layers": layers}, root / "init-base", True, progress=False)
     for name, variant in family.variants.items():
-        merge({"op": "init-student", "teacher": str(variant), "layers": layers}, root / f"init-{name}", True,
-              progress=False)
+        merge(
+            {"op": "init-student", "teacher": str(variant), "layers": layers},
+            root / f"init-{name}",
+            True,
+            progress=False,
+        )
     say(f"ADAPT: distilling the base student from the teacher ({config.distil_steps} steps)")
     with tempfile.TemporaryDirectory() as scratch:
         args = DistillationConfig(
-            output_dir=scratch, use_cpu=True, bf16=False, max_steps=config.distil_steps,
-            per_device_train_batch_size=32, learning_rate=config.distil_learning_rate, max_length=64,
-            save_strategy="no", report_to=[], seed=config.seed, logging_steps=max(1, config.distil_steps // 5),
-            disable_tqdm=not say.enabled, warmup_steps=min(50, config.distil_steps // 10), gradient_checkpointing=False,
+            output_dir=scratch,
+            use_cpu=True,
+            bf16=False,
+            max_steps=config.distil_steps,
+            per_device_train_batch_size=32,
+            learning_rate=config.distil_learning_rate,
+            max_length=64,
+            save_strategy="no",
+            report_to=[],
+            seed=config.seed,
+            logging_steps=max(1, config.distil_steps // 5),
+            disable_tqdm=not say.enabled,
+            warmup_steps=min(50, config.distil_steps // 10),
+            gradient_checkpointing=False,
         )
         trainer = DistillationTrainer(
-            model=str(root / "init-base"), teacher_model=str(teacher), args=args,
-            train_dataset=family.pretraining(32 * config.distil_steps), processing_class=tokenizer,
+            model=str(root / "init-base"),
+            teacher_model=str(teacher),
+            args=args,
+            train_dataset=family.pretraining(32 * config.distil_steps),
+            processing_class=tokenizer,
         )
         trainer.train()
         trainer.save_model(scratch + "/distilled")
@@ -227,20 +262,40 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         shutil.copytree(scratch + "/distilled", root / "distilled-base")
     tokenizer.save_pretrained(root / "distilled-base")
     say("ADAPT: delta = distilled - init; applied to each variant's student; every size patched")
-    merge({"op": "delta", "init": str(root / "init-base"), "distilled": str(root / "distilled-base")},
-          root / "delta", True, progress=False)
+    merge(
+        {"op": "delta", "init": str(root / "init-base"), "distilled": str(root / "distilled-base")},
+        root / "delta",
+        True,
+        progress=False,
+    )
     results: dict[str, Any] = {"variants": {}}
     base_scores = skill_scores(
-        AutoModelForCausalLM.from_pretrained(root / "distilled-base"), tokenizer, n=config.eval_problems,
+        AutoModelForCausalLM.from_pretrained(root / "distilled-base"),
+        tokenizer,
+        n=config.eval_problems,
         seed=config.seed,
     )
     results["distilled_base"] = base_scores
     for name, variant in family.variants.items():
         format_index = BRACKET_FORMAT if name == "large_bracket" else 0
-        merge({"op": "apply-delta", "init": str(root / f"init-{name}"), "delta": str(root / "delta")},
-              root / f"student-{name}", True, progress=False)
-        merge({"op": "patch", "teacher": str(variant), "student": str(root / f"student-{name}"),
-               "order": "back-to-front"}, root / f"family-{name}", True, all_sizes=True, progress=False)
+        merge(
+            {"op": "apply-delta", "init": str(root / f"init-{name}"), "delta": str(root / "delta")},
+            root / f"student-{name}",
+            True,
+            progress=False,
+        )
+        merge(
+            {
+                "op": "patch",
+                "teacher": str(variant),
+                "student": str(root / f"student-{name}"),
+                "order": "back-to-front",
+            },
+            root / f"family-{name}",
+            True,
+            all_sizes=True,
+            progress=False,
+        )
         sizes = json.loads((root / f"family-{name}" / "family.json").read_text())["models"]
         rows = {}
         candidates = {
@@ -253,8 +308,9 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
             rows[label] = {
                 "layers": model.config.num_hidden_layers,
                 "path": str(path),
-                "scores": skill_scores(model, tokenizer, POST_TRAINED_SKILLS, config.eval_problems, config.seed,
-                                       format_index),
+                "scores": skill_scores(
+                    model, tokenizer, POST_TRAINED_SKILLS, config.eval_problems, config.seed, format_index
+                ),
             }
         results["variants"][name] = {"format_index": format_index, "models": rows}
     return results
@@ -302,13 +358,21 @@ def run_demo(
     timings: dict[str, float] = {}
     results: dict[str, Any] = {
         "config": dataclasses.asdict(config),
-        "family": {"root": str(family.root), "scores": family.scores, "checks": family.checks,
-                   "passed": family.passed},
+        "family": {
+            "root": str(family.root),
+            "scores": family.scores,
+            "checks": family.checks,
+            "passed": family.passed,
+        },
         "skills": {"retained": RETAINED, "target": TARGET, "held_out": HELD_OUT},
     }
     timings["family"] = time.perf_counter() - say.start
-    for name, stage in (("atlantis", atlantis_stage), ("atlas", atlas_stage), ("adapt", adapt_stage),
-                        ("lm_eval", lm_eval_stage)):
+    for name, stage in (
+        ("atlantis", atlantis_stage),
+        ("atlas", atlas_stage),
+        ("adapt", adapt_stage),
+        ("lm_eval", lm_eval_stage),
+    ):
         start = time.perf_counter()
         results[name] = stage(family, config, out, say)
         timings[name] = time.perf_counter() - start

@@ -14,7 +14,7 @@ Every model is a Llama-style decoder over the lab's character tokenizer, trained
 `large_base` is also the ADAPT teacher. After training, each model is scored on every skill (`evaluate`) and
 checked against `LabConfig.thresholds`; `family.json` records scores, thresholds and build times. The whole family
 lives in `cache_dir/<hash of the config>/`, each model directory written atomically, so a second build with the
-same config only reads `family.json`.
+same config only reads `family.json` (changed thresholds or evaluation sizes re-score the cached models).
 
 >>> config = LabConfig.quick_config()
 >>> config.large_pretrain_steps < LabConfig().large_pretrain_steps
@@ -105,15 +105,23 @@ class LabConfig:
             "post_train_steps": 60,
             "eval_problems": 100,
             "thresholds": {
-                "large_base": {RETAINED: ("answer_accuracy", 0.2)},
-                "large_instruct": {RETAINED: ("preferred_format", 0.8), TARGET: ("answer_accuracy", 0.2)},
+                # The quick large base learns copying but not reversal (the full one does): no target threshold.
+                "small_base": {RETAINED: ("answer_accuracy", 0.5)},
+                "large_base": {RETAINED: ("answer_accuracy", 0.5)},
+                "small_instruct": {RETAINED: ("accuracy", 0.8)},
+                "large_instruct": {RETAINED: ("accuracy", 0.8)},
+                "large_bracket": {RETAINED: ("answer_accuracy", 0.8)},
             },
         }
         return cls(**(quick | overrides))
 
     def cache_key(self) -> str:
+        """Hash of what determines the weights (thresholds and evaluation size only change the checks)."""
         versions = {"lab": LAB_VERSION, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
-        return fingerprint(dataclasses.asdict(self), versions)
+        fields = dataclasses.asdict(self)
+        for name in ("thresholds", "eval_problems"):
+            fields.pop(name)
+        return fingerprint(fields, versions)
 
 
 @dataclass
@@ -174,12 +182,16 @@ class Family:
         lines = [f"lab family {self.root.name} ({'passed' if self.passed else 'FAILED'} thresholds)"]
         lines.append(f"{'model':16}" + "".join(f"{s + ' acc/ans':>18}" for s in skills))
         for name, per_skill in self.scores.items():
-            cells = "".join(f"{per_skill[s]['accuracy']:>10.2f}/{per_skill[s]['answer_accuracy']:<7.2f}" for s in skills)
+            cells = "".join(
+                f"{per_skill[s]['accuracy']:>10.2f}/{per_skill[s]['answer_accuracy']:<7.2f}" for s in skills
+            )
             lines.append(f"{name:16}{cells}")
         for check in self.checks:
             mark = "ok " if check["passed"] else "LOW"
-            lines.append(f"  [{mark}] {check['model']} {check['skill']} {check['metric']} = {check['value']:.2f} "
-                         f"(threshold {check['threshold']})")
+            lines.append(
+                f"  [{mark}] {check['model']} {check['skill']} {check['metric']} = {check['value']:.2f} "
+                f"(threshold {check['threshold']})"
+            )
         return "\n".join(lines)
 
 
@@ -200,13 +212,29 @@ def _model_config(shape: dict, tokenizer):
     )
 
 
-def train(model, dataset: Dataset, tokenizer, out: Path, steps: int, learning_rate: float, config: LabConfig,
-          progress: bool = True) -> Path:
+def train(
+    model,
+    dataset: Dataset,
+    tokenizer,
+    out: Path,
+    steps: int,
+    learning_rate: float,
+    config: LabConfig,
+    progress: bool = True,
+) -> Path:
     """Train one family member with the lab's recipe (`training.lab_trainer`) and save it atomically to `out`."""
     with tempfile.TemporaryDirectory() as scratch:
         trainer = lab_trainer(
-            model, dataset, tokenizer, scratch, steps, learning_rate, batch_size=config.batch_size,
-            prompt_loss_weight=config.prompt_loss_weight, seed=config.seed, progress=progress,
+            model,
+            dataset,
+            tokenizer,
+            scratch,
+            steps,
+            learning_rate,
+            batch_size=config.batch_size,
+            prompt_loss_weight=config.prompt_loss_weight,
+            seed=config.seed,
+            progress=progress,
         )
         trainer.train()
     return save_model(trainer.model, tokenizer, out)
@@ -218,8 +246,14 @@ def _check(scores: dict, thresholds: dict) -> list[dict]:
         for skill, (metric, minimum) in per_skill.items():
             value = scores[model][skill][metric]
             checks.append(
-                {"model": model, "skill": skill, "metric": metric, "value": value, "threshold": minimum,
-                 "passed": value >= minimum}
+                {
+                    "model": model,
+                    "skill": skill,
+                    "metric": metric,
+                    "value": value,
+                    "threshold": minimum,
+                    "passed": value >= minimum,
+                }
             )
     return checks
 
@@ -237,8 +271,11 @@ def build_family(
     root = Path(cache_dir or default_cache_dir()) / config.cache_key()
     summary_file = root / FAMILY_FILE
     if summary_file.exists() and not force:
-        _say(f"family found in the cache: {root}", progress)
-        return load_family(root)
+        cached = load_family(root)
+        if cached.config == config:
+            _say(f"family found in the cache: {root}", progress)
+            return cached
+        _say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
     torch.manual_seed(config.seed)
     tokenizer = build_lab_tokenizer()
     root.mkdir(parents=True, exist_ok=True)
@@ -248,16 +285,41 @@ def build_family(
     pretraining = family.pretraining(config.batch_size * max(config.small_pretrain_steps, config.large_pretrain_steps))
     post_rows = config.batch_size * config.post_train_steps
     plan = [
-        ("small_base", lambda: _fresh(config.small_shape, tokenizer, config.seed), pretraining,
-         config.small_pretrain_steps, config.learning_rate),
-        ("large_base", lambda: _fresh(config.large_shape, tokenizer, config.seed), pretraining,
-         config.large_pretrain_steps, config.learning_rate),
-        ("small_instruct", lambda: root / "small_base", family.instruct_data(post_rows), config.post_train_steps,
-         config.post_train_learning_rate),
-        ("large_instruct", lambda: root / "large_base", family.instruct_data(post_rows), config.post_train_steps,
-         config.post_train_learning_rate),
-        ("large_bracket", lambda: root / "large_base", family.instruct_data(post_rows, BRACKET_FORMAT),
-         config.post_train_steps, config.post_train_learning_rate),
+        (
+            "small_base",
+            lambda: _fresh(config.small_shape, tokenizer, config.seed),
+            pretraining,
+            config.small_pretrain_steps,
+            config.learning_rate,
+        ),
+        (
+            "large_base",
+            lambda: _fresh(config.large_shape, tokenizer, config.seed),
+            pretraining,
+            config.large_pretrain_steps,
+            config.learning_rate,
+        ),
+        (
+            "small_instruct",
+            lambda: root / "small_base",
+            family.instruct_data(post_rows),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
+        (
+            "large_instruct",
+            lambda: root / "large_base",
+            family.instruct_data(post_rows),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
+        (
+            "large_bracket",
+            lambda: root / "large_base",
+            family.instruct_data(post_rows, BRACKET_FORMAT),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
     ]
     for name, init, data, steps, learning_rate in plan:
         start = time.perf_counter()
@@ -267,14 +329,23 @@ def build_family(
         model = AutoModelForCausalLM.from_pretrained(root / name)
         family.scores[name] = skill_scores(model, tokenizer, n=config.eval_problems, seed=config.seed)
         family.build_seconds[name] = round(time.perf_counter() - start, 1)
-        _say(f"{name}: " + ", ".join(f"{s} {v['accuracy']:.2f}/{v['answer_accuracy']:.2f}"
-                                     for s, v in family.scores[name].items()) + " (accuracy/answer accuracy)",
-             progress)
+        _say(
+            f"{name}: "
+            + ", ".join(f"{s} {v['accuracy']:.2f}/{v['answer_accuracy']:.2f}" for s, v in family.scores[name].items())
+            + " (accuracy/answer accuracy)",
+            progress,
+        )
     family.checks = _check(family.scores, config.thresholds)
     write_json(
         summary_file,
-        {"config": dataclasses.asdict(config), "cache_key": config.cache_key(), "scores": family.scores,
-         "checks": family.checks, "build_seconds": family.build_seconds, "passed": family.passed},
+        {
+            "config": dataclasses.asdict(config),
+            "cache_key": config.cache_key(),
+            "scores": family.scores,
+            "checks": family.checks,
+            "build_seconds": family.build_seconds,
+            "passed": family.passed,
+        },
     )
     return family
 

@@ -42,21 +42,29 @@ def atlantis_rows(results: dict) -> list[list[Any]]:
     for name, per_skill in scores.items():
         method = name.removeprefix("atlantis-")
         diagnostics = formulas.get(results["atlantis"]["formula"] if method == "atlantis" else method, {})
-        rows.append([
-            name,
-            per_skill[retained]["accuracy"],
-            per_skill[target]["accuracy"],
-            per_skill[retained]["preferred_format"],
-            diagnostics.get("spearman_true_ratio", "") if method != "uniform" else "",
-            diagnostics.get("ess_fraction", "") if method != "uniform" else 1.0,
-        ])
+        rows.append(
+            [
+                name,
+                per_skill[retained]["accuracy"],
+                per_skill[target]["accuracy"],
+                per_skill[retained]["preferred_format"],
+                diagnostics.get("spearman_true_ratio", "") if method != "uniform" else "",
+                diagnostics.get("ess_fraction", "") if method != "uniform" else 1.0,
+            ]
+        )
     return rows
 
 
 def formula_rows(results: dict) -> list[list[Any]]:
     return [
-        [name, d["spearman_true_ratio"], d["ess_fraction"], d["mean_weight"]["good"], d["mean_weight"]["off_format"],
-         d["mean_weight"]["wrong"]]
+        [
+            name,
+            d["spearman_true_ratio"],
+            d["ess_fraction"],
+            d["mean_weight"]["good"],
+            d["mean_weight"]["off_format"],
+            d["mean_weight"]["wrong"],
+        ]
         for name, d in results["atlantis"]["formulas"].items()
     ]
 
@@ -66,8 +74,16 @@ def atlas_rows(results: dict) -> list[list[Any]]:
     rows = []
     for name, per_skill in results["atlas"]["scores"].items():
         kl = _final_kl(results, name) if name in results["atlas"]["retained_kl"] else 0.0
-        rows.append([name, per_skill[target]["accuracy"], per_skill[retained]["accuracy"],
-                     per_skill[retained]["answer_accuracy"], per_skill[held_out]["answer_accuracy"], kl])
+        rows.append(
+            [
+                name,
+                per_skill[target]["accuracy"],
+                per_skill[retained]["accuracy"],
+                per_skill[retained]["answer_accuracy"],
+                per_skill[held_out]["answer_accuracy"],
+                kl,
+            ]
+        )
     return rows
 
 
@@ -77,8 +93,16 @@ def adapt_rows(results: dict) -> list[list[Any]]:
     for variant, entry in results["adapt"]["variants"].items():
         for label, model in entry["models"].items():
             scores = model["scores"]
-            rows.append([variant, label, model["layers"], scores[retained]["accuracy"], scores[target]["accuracy"],
-                         scores[target]["preferred_format"]])
+            rows.append(
+                [
+                    variant,
+                    label,
+                    model["layers"],
+                    scores[retained]["accuracy"],
+                    scores[target]["accuracy"],
+                    scores[target]["preferred_format"],
+                ]
+            )
     return rows
 
 
@@ -98,21 +122,35 @@ def headline_table(results: dict) -> str:
     a = {row[0]: row for row in atlantis_rows(results)}
     t = {row[0]: row for row in atlas_rows(results)}
     rows = [
-        ["ATLANTIS", "uniform SFT -> ATLANTIS weights (oracle)", f"{retained}+{target} accuracy, preferred format",
-         f"{(a['atlantis-uniform'][1] + a['atlantis-uniform'][2]) / 2:.2f} -> "
-         f"{(a['atlantis-atlantis'][1] + a['atlantis-atlantis'][2]) / 2:.2f} "
-         f"({(a['atlantis-oracle'][1] + a['atlantis-oracle'][2]) / 2:.2f})"],
-        ["ATLAS", "LoRA -> ATLAS", f"{target} accuracy / retained KL",
-         f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}"],
+        [
+            "ATLANTIS",
+            "uniform SFT -> ATLANTIS weights (oracle)",
+            f"{retained}+{target} accuracy, preferred format",
+            f"{(a['atlantis-uniform'][1] + a['atlantis-uniform'][2]) / 2:.2f} -> "
+            f"{(a['atlantis-atlantis'][1] + a['atlantis-atlantis'][2]) / 2:.2f} "
+            f"({(a['atlantis-oracle'][1] + a['atlantis-oracle'][2]) / 2:.2f})",
+        ],
+        [
+            "ATLAS",
+            "LoRA -> ATLAS",
+            f"{target} accuracy / retained KL",
+            f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}",
+        ],
     ]
     for variant, entry in results["adapt"]["variants"].items():
         models = entry["models"]
         init = own_format_accuracy(models["student init (no delta)"])
         patched = [m for label, m in models.items() if label.startswith("patched")]
         sizes = ", ".join(f"{m['layers']}L {own_format_accuracy(m):.2f}" for m in patched)
-        rows.append(["ADAPT", f"{variant}: init student -> delta student (every size)",
-                     f"{retained}+{target} accuracy, own format", f"{init:.2f} -> {own_format_accuracy(patched[0]):.2f} "
-                     f"({sizes}; teacher {own_format_accuracy(models['teacher variant']):.2f})"])
+        rows.append(
+            [
+                "ADAPT",
+                f"{variant}: init student -> delta student (every size)",
+                f"{retained}+{target} accuracy, own format",
+                f"{init:.2f} -> {own_format_accuracy(patched[0]):.2f} "
+                f"({sizes}; teacher {own_format_accuracy(models['teacher variant']):.2f})",
+            ]
+        )
     width = [max(len(str(row[i])) for row in rows) for i in range(4)]
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)) for row in rows)
 
@@ -153,8 +191,7 @@ def write_plots(results: dict, out: Path) -> list[str]:
     figure, axis = plt.subplots(figsize=(5, 3.2))
     for variant, entry in results["adapt"]["variants"].items():
         patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
-        axis.plot([m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o",
-                  label=variant)
+        axis.plot([m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o", label=variant)
     axis.set_xlabel("layers")
     axis.set_ylabel("post-trained skills' accuracy (own format)")
     axis.legend()
@@ -177,35 +214,65 @@ def write_report(results: dict, out: str | Path) -> Path:
         f"thresholds {'passed' if family['passed'] else 'NOT all passed'}. Skills: retained `{retained}`, "
         f"target `{target}`, held-out `{held_out}`. Accuracy = the correct answer in the asked-for format on test problems "
         f"({config['eval_problems']} per skill, greedy). Times (s): "
-        + ", ".join(f"{k} {v}" for k, v in seconds.items()) + ".",
+        + ", ".join(f"{k} {v}" for k, v in seconds.items())
+        + ".",
         "## Headline\n\n```\n" + headline_table(results) + "\n```",
-        "## Family\n\n" + markdown_table(
+        "## Family\n\n"
+        + markdown_table(
             ["model", *(f"{skill} acc / answer acc" for skill in (retained, target, held_out))],
-            [[name, *(f"{s[k]['accuracy']:.2f} / {s[k]['answer_accuracy']:.2f}" for k in (retained, target, held_out))]
-             for name, s in family["scores"].items()],
+            [
+                [
+                    name,
+                    *(f"{s[k]['accuracy']:.2f} / {s[k]['answer_accuracy']:.2f}" for k in (retained, target, held_out)),
+                ]
+                for name, s in family["scores"].items()
+            ],
         ),
         "## ATLANTIS: SFT of the large base on the pool\n\n"
         f"Weights: formula `{results['atlantis']['formula']}`, normalisation "
         f"`{results['atlantis']['normalization']}`, temperature {results['atlantis']['temperature']}.\n\n"
-        + markdown_table([
-            "run", f"{retained} acc", f"{target} acc", f"{retained} preferred format", "Spearman(w, p*/p_d)", "ESS/N"],
-                         atlantis_rows(results))
+        + markdown_table(
+            [
+                "run",
+                f"{retained} acc",
+                f"{target} acc",
+                f"{retained} preferred format",
+                "Spearman(w, p*/p_d)",
+                "ESS/N",
+            ],
+            atlantis_rows(results),
+        )
         + "\n\nEvery formula against the true ratio (no training):\n\n"
-        + markdown_table(["formula", "Spearman(w, p*/p_d)", "ESS/N", "mean w good", "mean w off-format",
-                          "mean w wrong"], formula_rows(results)),
+        + markdown_table(
+            ["formula", "Spearman(w, p*/p_d)", "ESS/N", "mean w good", "mean w off-format", "mean w wrong"],
+            formula_rows(results),
+        ),
         "## ATLAS vs LoRA: learning the target skill\n\n"
-        + markdown_table([
-            "model", f"{target} acc", f"{retained} acc", f"{retained} answer acc", f"{held_out} answer acc",
-            "final retained KL"],
-                         atlas_rows(results)),
+        + markdown_table(
+            [
+                "model",
+                f"{target} acc",
+                f"{retained} acc",
+                f"{retained} answer acc",
+                f"{held_out} answer acc",
+                "final retained KL",
+            ],
+            atlas_rows(results),
+        ),
         "## ADAPT: delta transfer and patched sizes\n\n"
         "Scores in each variant's own format (`large_bracket` answers in `[...]`).\n\n"
-        + markdown_table(["variant", "model", "layers", f"{retained} acc", f"{target} acc", f"{target} format share"],
-                         adapt_rows(results)),
+        + markdown_table(
+            ["variant", "model", "layers", f"{retained} acc", f"{target} acc", f"{target} format share"],
+            adapt_rows(results),
+        ),
         "## lm-eval (kinfolk_lab_* tasks, exact match)\n\n"
         + markdown_table(["model", *next(iter(results["lm_eval"].values())).keys()], lm_eval_rows(results)),
-        "## Plots\n\n" + ("\n".join(f"![{p}]({p})" for p in plots) if plots else
-                          "matplotlib is not installed (`pip install kinfolk[plots]`): no plots."),
+        "## Plots\n\n"
+        + (
+            "\n".join(f"![{p}]({p})" for p in plots)
+            if plots
+            else "matplotlib is not installed (`pip install kinfolk[plots]`): no plots."
+        ),
     ]
     path = out / "report.md"
     with atomic_file(path) as handle:
