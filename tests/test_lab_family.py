@@ -62,8 +62,8 @@ def test_config_changes_change_the_cache_key():
 
 
 @pytest.mark.slow
-def test_quick_family_reaches_its_thresholds(tmp_path):
-    family = build_family(LabConfig.quick_config(), cache_dir=tmp_path, progress=False)
+def test_quick_family_reaches_its_thresholds(lab_cache_dir):
+    family = build_family(LabConfig.quick_config(), cache_dir=lab_cache_dir, progress=False)
     assert family.checks, "the quick config checks thresholds"
     assert family.passed, family.summary()
     # the ground truth the lab promises: post-training on p* moves the instruct model to the preferred format

@@ -1,6 +1,7 @@
-"""`kinfolk lab build [--quick] [--seed N] [--cache_dir DIR] [--force]`: build (or load) the lab's model family.
+"""`kinfolk lab build [--quick] [--seed N] [--cache_dir DIR] [--force]`: build (or load) the lab's model family;
+`kinfolk lab experiment atlantis --seeds N`: the ATLANTIS experiment (`kinfolk.lab.experiment`).
 
-Prints each model's accuracy per skill and the threshold checks; exits 1 when a model missed its threshold.
+`build` prints each model's accuracy per skill and the threshold checks; exits 1 when a model missed its threshold.
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--force", action="store_true", help="retrain even when the cache holds the family")
     build.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    actions.add_parser(
+        "experiment", help="measure a method over seeds: `kinfolk lab experiment atlantis --help`", add_help=False
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if argv[:1] == ["experiment"]:
+        from kinfolk.lab.experiment import main as experiment_main
+
+        return experiment_main(argv[1:])
     args = build_parser().parse_args(argv)
     import torch
 

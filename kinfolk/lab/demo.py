@@ -56,11 +56,11 @@ class DemoConfig:
     atlantis_temperature: float = field(default=0.5, metadata={"help": "Temperature of the ATLANTIS weights."})
     sft_steps: int = field(default=150, metadata={"help": "Steps of each SFT run on the pool."})
     sft_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the pool SFT runs."})
-    adapter_rank: int = field(default=16, metadata={"help": "Rank of the ATLAS and LoRA adapters."})
+    adapter_rank: int = field(default=32, metadata={"help": "Rank of the ATLAS and LoRA adapters."})
     adapter_layer: int = field(default=3, metadata={"help": "Decoder layer both adapters sit on."})
     adapter_module: str = field(default="self_attn.o_proj", metadata={"help": "Linear module both adapters adapt."})
     atlas_regions: int = field(default=8, metadata={"help": "Atlas regions (k-means clusters)."})
-    adapter_steps: int = field(default=200, metadata={"help": "Steps of each adapter run."})
+    adapter_steps: int = field(default=600, metadata={"help": "Steps of each adapter run."})
     adapter_learning_rate: float = field(default=1e-2, metadata={"help": "Learning rate of the adapter runs."})
     distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
     distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
@@ -73,7 +73,7 @@ class DemoConfig:
             "quick": True,
             "pool_size": 768,
             "sft_steps": 60,
-            "adapter_steps": 80,
+            "adapter_steps": 150,
             "distil_steps": 80,
             "eval_problems": 100,
             "lm_eval_limit": 100,
