@@ -84,6 +84,15 @@ class DemoConfig:
         return LabConfig.quick_config(seed=self.seed) if self.quick else LabConfig(seed=self.seed)
 
 
+def load_saved(path: Path):
+    """A saved model or PEFT adapter (ATLAS, LoRA) as the report's numbers are computed from it: from disk."""
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    is_adapter = (Path(path) / "adapter_config.json").exists()
+    return (AutoPeftModelForCausalLM if is_adapter else AutoModelForCausalLM).from_pretrained(path)
+
+
 class Progress:
     """Stage lines on stderr with the time since the demo started."""
 
@@ -147,8 +156,10 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
                 progress=say.enabled,
             )
             trainer.train()
-        save_model(trainer.model, tokenizer, out / "models" / f"atlantis-{name}")
-        scores[f"atlantis-{name}"] = skill_scores(trainer.model, tokenizer, n=config.eval_problems, seed=config.seed)
+        saved = save_model(trainer.model, tokenizer, out / "models" / f"atlantis-{name}")
+        scores[f"atlantis-{name}"] = skill_scores(
+            load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
+        )
     weights = {name: np.asarray(data[column]).tolist() for name, column in runs.items()}
     return {
         "formula": config.atlantis_formula,
@@ -211,8 +222,10 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         trainer.train()
         rows = read_rows(run_dir)
         results["retained_kl"][method] = [[row["step"], row["retained_kl"]] for row in rows]
-        save_model(trainer.model, tokenizer, out / "models" / method)
-        results["scores"][method] = skill_scores(trainer.model, tokenizer, n=config.eval_problems, seed=config.seed)
+        saved = save_model(trainer.model, tokenizer, out / "models" / method)
+        results["scores"][method] = skill_scores(
+            load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
+        )
     return results
 
 
@@ -322,9 +335,6 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
 
 # ---------------------------------------------------------------------------------------------------- lm-eval
 def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, dict[str, float]]:
-    from peft import AutoPeftModelForCausalLM
-    from transformers import AutoModelForCausalLM
-
     from kinfolk.lab.tasks import evaluate_with_lm_eval
 
     tokenizer = family.tokenizer()
@@ -333,9 +343,7 @@ def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) 
     results = {}
     for name, path in models.items():
         say(f"lm-eval: kinfolk_lab_* tasks on {name}")
-        is_adapter = (path / "adapter_config.json").exists()
-        model = (AutoPeftModelForCausalLM if is_adapter else AutoModelForCausalLM).from_pretrained(path)
-        results[name] = evaluate_with_lm_eval(model, tokenizer, limit=config.lm_eval_limit)
+        results[name] = evaluate_with_lm_eval(load_saved(path), tokenizer, limit=config.lm_eval_limit)
     return results
 
 
