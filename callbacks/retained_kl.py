@@ -250,6 +250,8 @@ class RetainedKLCallback(TrainerCallback):
         Runs in the weights' own dtype, outside the trainer's mixed-precision autocast: the frozen side is exact,
         and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3.
         """
+        if self.frozen is None:  # `trainer.evaluate()` before `train()`: the model is still the frozen one
+            self._build_frozen(self.trainer.state)
         model = self._model()
         device = OutputHead.of(model).weight.device
         was_training = model.training

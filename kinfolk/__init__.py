@@ -1,7 +1,8 @@
 """kinfolk: ATLANTIS weighted SFT, ATLAS adapters and ADAPT merges for the Hugging Face training stack.
 
 Importing the package registers kinfolk's PEFT tuner types, so adapters saved by kinfolk load with
-`PeftModel.from_pretrained` once `import kinfolk` has run. Nothing else heavy happens at import time.
+`PeftModel.from_pretrained` once `import kinfolk` has run. The registration happens when PEFT itself is imported
+(at once if it already is), so commands that never touch PEFT do not pay for importing it and transformers.
 
 >>> import kinfolk
 >>> kinfolk.__version__
@@ -10,5 +11,12 @@ Importing the package registers kinfolk's PEFT tuner types, so adapters saved by
 
 __version__ = "0.1.0"
 
-# Registers the ATLAS PEFT type (idempotent), so `PeftModel.from_pretrained` can load kinfolk adapters.
-from kinfolk.plugins import atlas as _atlas  # noqa: F401
+from kinfolk._after_import import call_after_import
+
+
+def _register_peft_tuners() -> None:
+    # Importing the tuner package registers the ATLAS PEFT type (idempotent).
+    import kinfolk.plugins.atlas  # noqa: F401
+
+
+call_after_import("peft", _register_peft_tuners)

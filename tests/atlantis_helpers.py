@@ -8,9 +8,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 def reference_scores(model_dir, dataset) -> tuple[np.ndarray, np.ndarray]:
     """Response log-prob sums and token counts, one example at a time from full float64 logits.
 
-    Written without kinfolk: prompt/completion rows are tokenised as prompt, then prompt + completion + EOS
-    (the response is every token after the prompt's); messages rows through the chat template's own
-    assistant mask.
+    Written without kinfolk: prompt/completion rows are tokenised as prompt, then prompt + completion + EOS,
+    and the response is every token after the two tokenisations' common prefix (a real BPE tokenizer merges
+    across the boundary, e.g. a prompt's final "\n" with the completion's indent, so the prompt's tokens are not
+    always a prefix; the trainer then trains from the first token that differs); messages rows through the chat
+    template's own assistant mask.
     """
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -24,7 +26,10 @@ def reference_scores(model_dir, dataset) -> tuple[np.ndarray, np.ndarray]:
         else:
             prompt_ids = tokenizer(example["prompt"])["input_ids"]
             ids = tokenizer(example["prompt"] + example["completion"] + tokenizer.eos_token)["input_ids"]
-            scored = [0] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids))
+            common = 0
+            while common < min(len(prompt_ids), len(ids)) and prompt_ids[common] == ids[common]:
+                common += 1
+            scored = [0] * common + [1] * (len(ids) - common)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0].double()
         log_probs = torch.log_softmax(logits, dim=-1)

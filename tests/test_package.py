@@ -112,3 +112,24 @@ def test_wheel_installs_outside_the_repo(tmp_path):
     assert source_tasks <= installed_tasks, f"missing from the wheel: {sorted(source_tasks - installed_tasks)}"
     installed_plugins = _package_files(purelib / "kinfolk" / "plugins")
     assert {p for p in _package_files(REPO / "plugins") if p.endswith(".py")} <= installed_plugins
+
+
+def _fresh_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_import_kinfolk_registers_atlas_whichever_comes_first():
+    lookup = "from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING as M; print(M[peft.PeftType('ATLAS')].__name__)"
+    assert _fresh_python(f"import kinfolk, peft; {lookup}") == "AtlasConfig"
+    assert _fresh_python(f"import peft, kinfolk; {lookup}") == "AtlasConfig"
+    # transformers asks `importlib.util.find_spec("peft")` long before it imports PEFT
+    probe_first = "import importlib.util, kinfolk; importlib.util.find_spec('peft'); import peft"
+    assert _fresh_python(f"{probe_first}; {lookup}") == "AtlasConfig"
+
+
+def test_the_command_line_starts_without_the_heavy_stack():
+    loaded = _fresh_python(
+        "import sys; from kinfolk.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
+    )
+    assert loaded == "[]"

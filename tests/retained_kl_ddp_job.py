@@ -1,0 +1,53 @@
+"""Two SFT steps of a LoRA model with RetainedKLCallback; run under `accelerate launch` by the DDP test.
+
+`python -m accelerate.commands.launch --multi_gpu --num_processes 2 retained_kl_ddp_job.py CACHE RUN_DIR`
+measures at the start and after each step with the given frozen-side cache, and saves the final adapter to
+RUN_DIR/adapter (and the process count to RUN_DIR/num_processes), so the test can recompute the last logged KL in one process from the saved weights.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from peft import LoraConfig, get_peft_model
+from trl import SFTConfig, SFTTrainer
+
+from kinfolk.callbacks.retained_kl import RetainedKLCallback
+from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
+
+RETAINED_ROWS = 5  # with batches of 2: three batches, so one rank measures a weight-0 repeat
+LORA = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+def retained_data():
+    return prompt_completion_dataset(RETAINED_ROWS, seed=7)
+
+
+if __name__ == "__main__":
+    cache, run_dir = sys.argv[1:3]
+    tokenizer = build_tokenizer()
+    model = get_peft_model(build_model("llama", tokenizer=tokenizer), LORA)
+    args = SFTConfig(
+        output_dir=run_dir,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        max_length=64,
+        bf16=False,
+        use_cpu=True,
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=prompt_completion_dataset(16), processing_class=tokenizer
+    )
+    trainer.add_callback(
+        RetainedKLCallback(trainer, retained_data(), every_n_steps=1, batch_size=2, cache=cache, measure_at_start=True)
+    )
+    trainer.train()
+    trainer.save_model(f"{run_dir}/adapter")
+    if trainer.accelerator.is_main_process:
+        Path(run_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))

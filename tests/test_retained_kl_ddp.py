@@ -1,0 +1,43 @@
+"""RetainedKLCallback under two CPU processes: the shards, padded to equal length, pool into the one-process KL."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from peft import PeftModel
+from test_retained_kl_callback import reference_retained_kl
+
+from kinfolk.callbacks.drift_log import read_rows, steps
+from kinfolk.testing import build_model, perturbed_copy
+from kinfolk.tokens import sft_tokenize
+
+DDP_JOB = Path(__file__).with_name("retained_kl_ddp_job.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["auto", "hidden"])
+def test_two_processes_log_the_kl_of_the_whole_retained_set(tiny_tokenizer, tmp_path, cache):
+    run_dir = tmp_path / "run"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
+    subprocess.run([*command, cache, str(run_dir)], check=True, env=environment, timeout=600)
+    sys.path.insert(0, str(DDP_JOB.parent))
+    from retained_kl_ddp_job import retained_data
+
+    assert (run_dir / "num_processes").read_text() == "2"
+    base = build_model("llama", tokenizer=tiny_tokenizer)
+    frozen = perturbed_copy(base, scale=0.0)
+    trained = PeftModel.from_pretrained(base, run_dir / "adapter")
+    retained = retained_data()
+    rows = steps(read_rows(run_dir))
+    assert sorted(rows) == [0, 1, 2]
+    assert rows[0]["retained_kl"] == pytest.approx(0.0, abs=1e-7)
+    expected = reference_retained_kl(frozen, trained, tiny_tokenizer, retained)
+    assert expected > 1e-4
+    assert rows[2]["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    # the weight-0 repeat that keeps the ranks in step adds no tokens
+    labels = sft_tokenize(retained, tiny_tokenizer)["labels"]
+    assert rows[2]["retained_kl_tokens"] == sum(sum(label != -100 for label in row[1:]) for row in labels)
+    assert rows[2]["retained_kl_contexts"] == len(labels)
