@@ -176,8 +176,10 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
 def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
     from peft import get_peft_model
 
-    from kinfolk.callbacks import RetainedKLCallback
+    from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
     from kinfolk.callbacks.drift_log import read_rows
+    from kinfolk.drift_report import load_run, target_matched
+    from kinfolk.lab.tasks import TASKS
     from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
     from kinfolk.plugins.atlas.comparators import matching_lora_config
 
@@ -190,7 +192,12 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         layers_to_transform=[config.adapter_layer],
         target_modules=[config.adapter_module],
     )
-    results: dict[str, Any] = {"scores": {"large_base": family.scores["large_base"]}, "retained_kl": {}}
+    target_metric = f"lm_eval/{TASKS[TARGET]}/exact_match"
+    results: dict[str, Any] = {
+        "scores": {"large_base": family.scores["large_base"]},
+        "retained_kl": {},
+        "target_curve": {},
+    }
     for method in ("atlas", "lora"):
         base = family.load("large_base")
         peft_config = atlas_config if method == "atlas" else matching_lora_config(base, atlas_config)
@@ -214,18 +221,34 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
             seed=config.seed,
             progress=say.enabled,
         )
+        every = max(1, config.adapter_steps // 8)
+        trainer.add_callback(RetainedKLCallback(trainer, retained_eval, every_n_steps=every, measure_at_start=True))
+        # the target score at the same steps, so the methods can be compared at matched target scores
         trainer.add_callback(
-            RetainedKLCallback(
-                trainer, retained_eval, every_n_steps=max(1, config.adapter_steps // 8), measure_at_start=True
+            LmEvalCallback(
+                trainer,
+                [TASKS[TARGET]],
+                limit=config.eval_problems,
+                every_n_steps=every,
+                churn=False,
+                include_defaults=False,
+                batch_size=64,
             )
         )
         trainer.train()
         rows = read_rows(run_dir)
-        results["retained_kl"][method] = [[row["step"], row["retained_kl"]] for row in rows]
+        results["retained_kl"][method] = [[row["step"], row["retained_kl"]] for row in rows if "retained_kl" in row]
+        results["target_curve"][method] = [[row["step"], row[target_metric]] for row in rows if target_metric in row]
         saved = save_model(trainer.model, tokenizer, out / "models" / method)
         results["scores"][method] = skill_scores(
             load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
         )
+    # kinfolk drift's protocol: each method's lowest retained KL among checkpoints reaching each target score
+    runs = [load_run(method, str(config.seed), out / "runs" / method, target_metric) for method in ("atlas", "lora")]
+    try:
+        results["target_matched"] = target_matched(runs, "atlas")
+    except ValueError as error:  # no target score that both runs reach with a non-zero KL
+        results["target_matched"] = {"error": str(error)}
     return results
 
 

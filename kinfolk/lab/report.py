@@ -87,6 +87,19 @@ def atlas_rows(results: dict) -> list[list[Any]]:
     return rows
 
 
+def target_matched_text(results: dict) -> str:
+    """ATLAS / LoRA retained-KL ratio at the target scores both reach (`kinfolk drift`'s protocol), or why not."""
+    matched = results["atlas"].get("target_matched", {})
+    if "comparisons" not in matched or "lora" not in matched["comparisons"]:
+        return f"no target-matched comparison: {matched.get('error', 'not measured')}"
+    ratio = matched["comparisons"]["lora"]["ratio"]["estimate"]
+    levels = matched["requirements"]
+    return (
+        f"retained KL(ATLAS) / KL(LoRA) = {ratio:.3f} at matched target scores "
+        f"({len(levels)} levels, {min(levels):.2f}-{max(levels):.2f}; one seed)"
+    )
+
+
 def adapt_rows(results: dict) -> list[list[Any]]:
     retained, target, _ = _roles(results)
     rows = []
@@ -134,7 +147,8 @@ def headline_table(results: dict) -> str:
             "ATLAS",
             "LoRA -> ATLAS",
             f"{target} accuracy / retained KL",
-            f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}",
+            f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}"
+            + f" ({target_matched_text(results).split(' (')[0]})",
         ],
     ]
     for variant, entry in results["adapt"]["variants"].items():
@@ -177,10 +191,11 @@ def write_plots(results: dict, out: Path) -> list[str]:
 
     figure, axis = plt.subplots(figsize=(5, 3.2))
     for method, trajectory in results["atlas"]["retained_kl"].items():
-        if trajectory:
-            steps, kl = zip(*trajectory)
-            axis.plot(steps, kl, marker="o", label=method)
-    axis.set_xlabel("step")
+        target_at = dict(map(tuple, results["atlas"].get("target_curve", {}).get(method, [])))
+        points = [(target_at[step], kl) for step, kl in trajectory if step in target_at]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=method)
+    axis.set_xlabel(f"{results['skills']['target']} accuracy (checkpoints)")
     axis.set_ylabel("retained KL(frozen || current)")
     axis.legend()
     figure.tight_layout()
@@ -258,7 +273,10 @@ def write_report(results: dict, out: str | Path) -> Path:
                 "final retained KL",
             ],
             atlas_rows(results),
-        ),
+        )
+        + "\n\n"
+        + target_matched_text(results)
+        + ".",
         "## ADAPT: delta transfer and patched sizes\n\n"
         "Scores in each variant's own format (`large_bracket` answers in `[...]`).\n\n"
         + markdown_table(
