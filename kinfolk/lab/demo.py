@@ -62,6 +62,10 @@ class DemoConfig:
     atlas_regions: int = field(default=8, metadata={"help": "Atlas regions (k-means clusters)."})
     adapter_steps: int = field(default=600, metadata={"help": "Steps of each adapter run."})
     adapter_learning_rate: float = field(default=1e-2, metadata={"help": "Learning rate of the adapter runs."})
+    drift_points: int = field(
+        default=8,
+        metadata={"help": "Checkpoints of each adapter run where retained KL and target score are measured."},
+    )
     distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
     distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
     eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for every score."})
@@ -74,6 +78,7 @@ class DemoConfig:
             "pool_size": 768,
             "sft_steps": 60,
             "adapter_steps": 150,
+            "drift_points": 4,
             "distil_steps": 80,
             "eval_problems": 100,
             "lm_eval_limit": 100,
@@ -178,7 +183,7 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
 
     from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
     from kinfolk.callbacks.drift_log import read_rows
-    from kinfolk.drift_report import load_run, target_matched
+    from kinfolk.drift_report import load_run, shared_requirements, target_matched
     from kinfolk.lab.tasks import TASKS
     from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
     from kinfolk.plugins.atlas.comparators import matching_lora_config
@@ -206,7 +211,7 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
             say(f"ATLAS: fitting the atlas ({config.atlas_regions} regions) on {len(retained)} retained examples")
             fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=config.seed)
         say(
-            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer}) learns "
+            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer} {config.adapter_module}) learns "
             f"{TARGET} ({config.adapter_steps} steps)"
         )
         run_dir = out / "runs" / method
@@ -221,7 +226,7 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
             seed=config.seed,
             progress=say.enabled,
         )
-        every = max(1, config.adapter_steps // 8)
+        every = max(1, config.adapter_steps // config.drift_points)
         trainer.add_callback(RetainedKLCallback(trainer, retained_eval, every_n_steps=every, measure_at_start=True))
         # the target score at the same steps, so the methods can be compared at matched target scores
         trainer.add_callback(
@@ -245,9 +250,14 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         )
     # kinfolk drift's protocol: each method's lowest retained KL among checkpoints reaching each target score
     runs = [load_run(method, str(config.seed), out / "runs" / method, target_metric) for method in ("atlas", "lora")]
+    # only target scores above the frozen model's count as learning the target skill
+    frozen_score = family.scores["large_base"][TARGET]["accuracy"]
     try:
-        results["target_matched"] = target_matched(runs, "atlas")
-    except ValueError as error:  # no target score that both runs reach with a non-zero KL
+        levels = [level for level in shared_requirements(runs) if level > frozen_score]
+        if not levels:
+            raise ValueError(f"no target score above the frozen model's ({frozen_score:.2f}) is reached by both runs")
+        results["target_matched"] = target_matched(runs, "atlas", requirements=levels)
+    except ValueError as error:  # or a run reaches them with zero KL
         results["target_matched"] = {"error": str(error)}
     return results
 
