@@ -5,7 +5,7 @@ Three skills, each a prompt ending in "=" and a short answer:
 | skill | role | prompt | answer |
 |---|---|---|---|
 | `copy` | retained (the base learns it in pre-training; post-training must keep it) | `copy bdfh=` | `bdfh` |
-| `reverse` | target (stands in for coding: rare in pre-training, learned by SFT / adapters) | `rev kmqa=` | `aqmk` |
+| `reverse` | target (stands in for coding: half as frequent as copying in pre-training; learned by SFT / adapters) | `rev kmqa=` | `aqmk` |
 | `add` | held out (2-digit addition; in pre-training only, never post-trained on) | `37+45=` | `82` |
 
 Two-digit addition was the first choice for the retained skill, but the lab's models do not learn it within the
