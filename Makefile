@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast test-slow lint format real-models test-real
+.PHONY: install demo demo-quick test test-fast test-slow lint format real-models test-real
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,10 +20,15 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 install: $(VENV)/.installed
 
-# The main job on the embedded default: build the tiny model families and show each one generating.
+# The main job on the embedded default: build (or load) the lab's CPU-trained model family, then ATLANTIS, ATLAS
+# and ADAPT on it, measured against its ground truth; writes runs/demo/report.md.
 demo: install
 	$(VENV)/bin/kinfolk env
-	$(PY) -m kinfolk.testing --out runs/tiny-kit
+	$(VENV)/bin/kinfolk demo --out runs/demo --overwrite
+
+# The same on the quick family and budgets (what CI runs through the slow test).
+demo-quick: install
+	$(VENV)/bin/kinfolk demo --quick --out runs/demo-quick --overwrite
 
 # Everything CI runs: the fast suite, doctests and the slow end-to-end tests (real checkpoints excluded).
 test: install

@@ -46,3 +46,9 @@ def real_model_dir():
         return path
 
     return locate
+
+
+@pytest.fixture(scope="session")
+def lab_cache_dir(tmp_path_factory):
+    """One lab cache per test session, so the slow tests build the quick family once (per worker)."""
+    return tmp_path_factory.mktemp("lab-cache")

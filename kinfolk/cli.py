@@ -34,6 +34,8 @@ VERBS: dict[str, tuple[str, str]] = {
         "kinfolk.plugins.adapt.cli",
         "ADAPT merges: init-student, delta, delta-cosine, apply-delta, patch, interpolate",
     ),
+    "lab": ("kinfolk.lab.cli", "the lab: build the tiny CPU-trained model family with known ground truth"),
+    "demo": ("kinfolk.lab.demo", "ATLANTIS, ATLAS and ADAPT on the lab family, measured; writes report.md"),
 }
 
 

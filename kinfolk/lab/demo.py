@@ -1,0 +1,448 @@
+"""`kinfolk demo [--quick] [--out DIR]`: the three methods on the lab's family, measured against its ground truth.
+
+Reads top to bottom, one stage per method, each built from kinfolk's own components:
+
+1. family: `build_family` (or the cache);
+2. ATLANTIS: `score_dataset` scores the SFT pool with the large base, small base and small instruct models; the
+   weights are compared with the true ratio p*/p_d (Spearman, ESS) for every formula, then `WeightedSFTTrainer`
+   trains the large base on the pool with uniform weights, ATLANTIS weights and the true ratio (oracle);
+3. ATLAS: `fit_atlas` on retained (addition) data, then an ATLAS and a LoRA adapter at the same placement and rank
+   learn the target skill (reversal) with `RetainedKLCallback` tracking KL(frozen ‖ current) on retained contexts;
+4. ADAPT: `merge` init-student (teacher and both variants), `DistillationTrainer` distils the base student, the
+   weight delta is applied to each variant's student, and `patch --all` rebuilds every size of each variant;
+5. evaluation: every trained model on every skill (greedy, own evaluator) and with the lab's lm-eval tasks;
+6. `report.md`, `results.json` and PNG plots in `--out`; the headline table is printed.
+
+Models the report's numbers come from are kept under `--out/models` (ADAPT's under `--out/adapt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kinfolk.atomic import check_destination, write_json
+from kinfolk.lab.evaluate import skill_scores
+from kinfolk.lab.family import BRACKET_FORMAT, POST_TRAINED_SKILLS, Family, LabConfig, build_family
+from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
+from kinfolk.lab.training import lab_trainer, save_model
+from kinfolk.stats import effective_sample_size, spearman
+
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+
+
+@dataclass
+class DemoConfig:
+    """Budgets of the demo's runs (steps, not seconds) and the methods' settings."""
+
+    seed: int = field(default=0, metadata={"help": "Seed of the family and of every run."})
+    quick: bool = field(default=False, metadata={"help": "Use the quick family and budgets."})
+    pool_size: int = field(default=1536, metadata={"help": "Rows of the SFT pool ATLANTIS scores."})
+    # Algorithm 1 (a - b + c): the best rank agreement with the true ratio on the lab (Spearman 0.85 vs 0.68 for
+    # influence and 0.02 for ratio, full family, seed 0); `kinfolk lab experiment atlantis` compares all of them.
+    atlantis_formula: str = field(default="algorithm1", metadata={"help": "ATLANTIS formula of the weighted run."})
+    atlantis_normalization: str = field(default="token", metadata={"help": "Length normalisation of the scores."})
+    atlantis_temperature: float = field(default=0.5, metadata={"help": "Temperature of the ATLANTIS weights."})
+    sft_steps: int = field(default=150, metadata={"help": "Steps of each SFT run on the pool."})
+    sft_learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of the pool SFT runs."})
+    adapter_rank: int = field(default=32, metadata={"help": "Rank of the ATLAS and LoRA adapters."})
+    adapter_layer: int = field(default=3, metadata={"help": "Decoder layer both adapters sit on."})
+    adapter_module: str = field(default="self_attn.o_proj", metadata={"help": "Linear module both adapters adapt."})
+    atlas_regions: int = field(default=8, metadata={"help": "Atlas regions (k-means clusters)."})
+    adapter_steps: int = field(default=600, metadata={"help": "Steps of each adapter run."})
+    adapter_learning_rate: float = field(default=1e-2, metadata={"help": "Learning rate of the adapter runs."})
+    drift_points: int = field(
+        default=8,
+        metadata={"help": "Checkpoints of each adapter run where retained KL and target score are measured."},
+    )
+    distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
+    distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
+    eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for every score."})
+    lm_eval_limit: int | None = field(default=None, metadata={"help": "Problems per lm-eval task (None: all 200)."})
+
+    @classmethod
+    def quick_config(cls, **overrides) -> DemoConfig:
+        quick = {
+            "quick": True,
+            "pool_size": 768,
+            "sft_steps": 60,
+            "adapter_steps": 150,
+            "drift_points": 4,
+            "distil_steps": 80,
+            "eval_problems": 100,
+            "lm_eval_limit": 100,
+        }
+        return cls(**(quick | overrides))
+
+    def family_config(self) -> LabConfig:
+        return LabConfig.quick_config(seed=self.seed) if self.quick else LabConfig(seed=self.seed)
+
+
+def load_saved(path: Path):
+    """A saved model or PEFT adapter (ATLAS, LoRA) as the report's numbers are computed from it: from disk."""
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    is_adapter = (Path(path) / "adapter_config.json").exists()
+    return (AutoPeftModelForCausalLM if is_adapter else AutoModelForCausalLM).from_pretrained(path)
+
+
+class Progress:
+    """Stage lines on stderr with the time since the demo started."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.start = enabled, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"[kinfolk demo {time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- ATLANTIS
+def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
+    from kinfolk.trainers.atlantis import FORMULAS, compute_weights, score_dataset
+
+    tokenizer, models = family.tokenizer(), family.models
+    say(f"ATLANTIS: scoring {config.pool_size} pool rows with the large base, small base and small instruct models")
+    weighting = {
+        "normalization": config.atlantis_normalization,
+        "temperature": config.atlantis_temperature,
+    }
+    scored = score_dataset(
+        family.pool(config.pool_size),
+        large_base=str(models["large_base"]),
+        small_base=str(models["small_base"]),
+        reference=str(models["small_instruct"]),
+        use_cache=False,
+        formula=config.atlantis_formula,
+        **weighting,
+    )
+    true_ratio = np.asarray(scored["true_ratio"])
+    kinds = np.asarray(scored["kind"])
+    formulas = {}
+    for formula in FORMULAS:
+        weights = np.asarray(compute_weights(scored, formula=formula, **weighting)["weight"])
+        formulas[formula] = {
+            "spearman_true_ratio": spearman(weights, true_ratio),
+            "ess_fraction": effective_sample_size(weights) / len(weights),
+            "mean_weight": {kind: float(weights[kinds == kind].mean()) for kind in ("good", "off_format", "wrong")},
+        }
+    formulas["oracle"] = {
+        "spearman_true_ratio": 1.0,
+        "ess_fraction": effective_sample_size(true_ratio) / len(true_ratio),
+        "mean_weight": {kind: float(true_ratio[kinds == kind].mean()) for kind in ("good", "off_format", "wrong")},
+    }
+    data = scored.add_column("uniform", [1.0] * len(scored))
+    runs = {"uniform": "uniform", "atlantis": "weight", "oracle": "true_ratio"}
+    scores = {"large_base": family.scores["large_base"]}
+    for name, column in runs.items():
+        say(f"ATLANTIS: SFT of the large base on the pool, {name} weights ({config.sft_steps} steps)")
+        with tempfile.TemporaryDirectory() as scratch:
+            trainer = lab_trainer(
+                models["large_base"],
+                data,
+                tokenizer,
+                scratch,
+                config.sft_steps,
+                config.sft_learning_rate,
+                seed=config.seed,
+                weight_column=column,
+                progress=say.enabled,
+            )
+            trainer.train()
+        saved = save_model(trainer.model, tokenizer, out / "models" / f"atlantis-{name}")
+        scores[f"atlantis-{name}"] = skill_scores(
+            load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
+        )
+    weights = {name: np.asarray(data[column]).tolist() for name, column in runs.items()}
+    return {
+        "formula": config.atlantis_formula,
+        **weighting,
+        "formulas": formulas,
+        "scores": scores,
+        "weights_by_kind": {
+            kind: np.asarray(weights["atlantis"])[kinds == kind].tolist() for kind in ("good", "off_format", "wrong")
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- ATLAS
+def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
+    from peft import get_peft_model
+
+    from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
+    from kinfolk.callbacks.drift_log import read_rows
+    from kinfolk.drift_report import load_run, shared_requirements, target_matched
+    from kinfolk.lab.tasks import TASKS
+    from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
+    from kinfolk.plugins.atlas.comparators import matching_lora_config
+
+    tokenizer = family.tokenizer()
+    retained, retained_eval, target = family.retained(512), family.retained(128), family.target_train(1024)
+    atlas_config = AtlasConfig(
+        r=config.adapter_rank,
+        residual="atlas",
+        num_regions=config.atlas_regions,
+        layers_to_transform=[config.adapter_layer],
+        target_modules=[config.adapter_module],
+    )
+    target_metric = f"lm_eval/{TASKS[TARGET]}/exact_match"
+    results: dict[str, Any] = {
+        "scores": {"large_base": family.scores["large_base"]},
+        "retained_kl": {},
+        "target_curve": {},
+    }
+    for method in ("atlas", "lora"):
+        base = family.load("large_base")
+        peft_config = atlas_config if method == "atlas" else matching_lora_config(base, atlas_config)
+        model = get_peft_model(base, peft_config)
+        if method == "atlas":
+            say(f"ATLAS: fitting the atlas ({config.atlas_regions} regions) on {len(retained)} retained examples")
+            fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=config.seed)
+        say(
+            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer} {config.adapter_module}) learns "
+            f"{TARGET} ({config.adapter_steps} steps)"
+        )
+        run_dir = out / "runs" / method
+        shutil.rmtree(run_dir, ignore_errors=True)
+        trainer = lab_trainer(
+            model,
+            target,
+            tokenizer,
+            run_dir,
+            config.adapter_steps,
+            config.adapter_learning_rate,
+            seed=config.seed,
+            progress=say.enabled,
+        )
+        every = max(1, config.adapter_steps // config.drift_points)
+        trainer.add_callback(RetainedKLCallback(trainer, retained_eval, every_n_steps=every, measure_at_start=True))
+        # the target score at the same steps, so the methods can be compared at matched target scores
+        trainer.add_callback(
+            LmEvalCallback(
+                trainer,
+                [TASKS[TARGET]],
+                limit=config.eval_problems,
+                every_n_steps=every,
+                churn=False,
+                include_defaults=False,
+                batch_size=64,
+            )
+        )
+        trainer.train()
+        rows = read_rows(run_dir)
+        results["retained_kl"][method] = [[row["step"], row["retained_kl"]] for row in rows if "retained_kl" in row]
+        results["target_curve"][method] = [[row["step"], row[target_metric]] for row in rows if target_metric in row]
+        saved = save_model(trainer.model, tokenizer, out / "models" / method)
+        results["scores"][method] = skill_scores(
+            load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
+        )
+    # kinfolk drift's protocol: each method's lowest retained KL among checkpoints reaching each target score
+    runs = [load_run(method, str(config.seed), out / "runs" / method, target_metric) for method in ("atlas", "lora")]
+    # only target scores above the frozen model's count as learning the target skill
+    frozen_score = family.scores["large_base"][TARGET]["accuracy"]
+    try:
+        levels = [level for level in shared_requirements(runs) if level > frozen_score]
+        if not levels:
+            raise ValueError(f"no target score above the frozen model's ({frozen_score:.2f}) is reached by both runs")
+        results["target_matched"] = target_matched(runs, "atlas", requirements=levels)
+    except ValueError as error:  # or a run reaches them with zero KL
+        results["target_matched"] = {"error": str(error)}
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- ADAPT
+def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.plugins.adapt import merge
+    from kinfolk.trainers import DistillationConfig, DistillationTrainer
+
+    tokenizer, root = family.tokenizer(), out / "adapt"
+    teacher = family.teacher
+    layers = {"every": 2}
+    say("ADAPT: layer-dropped students of the teacher and of both variants (kinfolk merge init-student)")
+    merge({"op": "init-student", "teacher": str(teacher), "layers": layers}, root / "init-base", True, progress=False)
+    for name, variant in family.variants.items():
+        merge(
+            {"op": "init-student", "teacher": str(variant), "layers": layers},
+            root / f"init-{name}",
+            True,
+            progress=False,
+        )
+    say(f"ADAPT: distilling the base student from the teacher ({config.distil_steps} steps)")
+    with tempfile.TemporaryDirectory() as scratch:
+        args = DistillationConfig(
+            output_dir=scratch,
+            use_cpu=True,
+            bf16=False,
+            max_steps=config.distil_steps,
+            per_device_train_batch_size=32,
+            learning_rate=config.distil_learning_rate,
+            max_length=64,
+            save_strategy="no",
+            report_to=[],
+            seed=config.seed,
+            logging_steps=max(1, config.distil_steps // 5),
+            disable_tqdm=not say.enabled,
+            warmup_steps=min(50, config.distil_steps // 10),
+            gradient_checkpointing=False,
+        )
+        trainer = DistillationTrainer(
+            model=str(root / "init-base"),
+            teacher_model=str(teacher),
+            args=args,
+            train_dataset=family.pretraining(32 * config.distil_steps),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        trainer.save_model(scratch + "/distilled")
+        shutil.rmtree(root / "distilled-base", ignore_errors=True)
+        shutil.copytree(scratch + "/distilled", root / "distilled-base")
+    tokenizer.save_pretrained(root / "distilled-base")
+    say("ADAPT: delta = distilled - init; applied to each variant's student; every size patched")
+    merge(
+        {"op": "delta", "init": str(root / "init-base"), "distilled": str(root / "distilled-base")},
+        root / "delta",
+        True,
+        progress=False,
+    )
+    results: dict[str, Any] = {"variants": {}}
+    base_scores = skill_scores(
+        AutoModelForCausalLM.from_pretrained(root / "distilled-base"),
+        tokenizer,
+        n=config.eval_problems,
+        seed=config.seed,
+    )
+    results["distilled_base"] = base_scores
+    for name, variant in family.variants.items():
+        format_index = BRACKET_FORMAT if name == "large_bracket" else 0
+        merge(
+            {"op": "apply-delta", "init": str(root / f"init-{name}"), "delta": str(root / "delta")},
+            root / f"student-{name}",
+            True,
+            progress=False,
+        )
+        merge(
+            {
+                "op": "patch",
+                "teacher": str(variant),
+                "student": str(root / f"student-{name}"),
+                "order": "back-to-front",
+            },
+            root / f"family-{name}",
+            True,
+            all_sizes=True,
+            progress=False,
+        )
+        sizes = json.loads((root / f"family-{name}" / "family.json").read_text())["models"]
+        rows = {}
+        candidates = {
+            "teacher variant": Path(variant),
+            "student init (no delta)": root / f"init-{name}",
+            **{f"patched {entry['dir']}": root / f"family-{name}" / entry["dir"] for entry in sizes},
+        }
+        for label, path in candidates.items():
+            model = AutoModelForCausalLM.from_pretrained(path)
+            rows[label] = {
+                "layers": model.config.num_hidden_layers,
+                "path": str(path),
+                "scores": skill_scores(
+                    model, tokenizer, POST_TRAINED_SKILLS, config.eval_problems, config.seed, format_index
+                ),
+            }
+        results["variants"][name] = {"format_index": format_index, "models": rows}
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- lm-eval
+def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, dict[str, float]]:
+    from kinfolk.lab.tasks import evaluate_with_lm_eval
+
+    tokenizer = family.tokenizer()
+    models = {name: family.models[name] for name in ("large_base", "large_instruct")}
+    models.update({path.name: path for path in sorted((out / "models").iterdir())})
+    results = {}
+    for name, path in models.items():
+        say(f"lm-eval: kinfolk_lab_* tasks on {name}")
+        results[name] = evaluate_with_lm_eval(load_saved(path), tokenizer, limit=config.lm_eval_limit)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+def run_demo(
+    out: str | Path,
+    config: DemoConfig | None = None,
+    cache_dir: str | Path | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    family: Family | None = None,
+) -> dict[str, Any]:
+    """Run every stage, write `results.json`, `report.md` and plots to `out`; returns the results.
+
+    `family` skips the build (tests pass a tiny one); by default the family of `config` is built or loaded."""
+    from kinfolk.lab.report import headline_table, write_report
+
+    config = config or DemoConfig()
+    out = check_destination(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    say = Progress(progress)
+    say(f"building or loading the {'quick ' if config.quick else ''}lab family")
+    family = family or build_family(config.family_config(), cache_dir=cache_dir, progress=progress)
+    timings: dict[str, float] = {}
+    results: dict[str, Any] = {
+        "config": dataclasses.asdict(config),
+        "family": {
+            "root": str(family.root),
+            "scores": family.scores,
+            "checks": family.checks,
+            "passed": family.passed,
+        },
+        "skills": {"retained": RETAINED, "target": TARGET, "held_out": HELD_OUT},
+    }
+    timings["family"] = time.perf_counter() - say.start
+    for name, stage in (
+        ("atlantis", atlantis_stage),
+        ("atlas", atlas_stage),
+        ("adapt", adapt_stage),
+        ("lm_eval", lm_eval_stage),
+    ):
+        start = time.perf_counter()
+        results[name] = stage(family, config, out, say)
+        timings[name] = time.perf_counter() - start
+    results["seconds"] = {name: round(value, 1) for name, value in timings.items()}
+    results["seconds"]["total"] = round(time.perf_counter() - say.start, 1)
+    write_json(out / RESULTS_FILE, results)
+    write_report(results, out)
+    say(f"done: {out / REPORT_FILE}")
+    print(headline_table(results))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kinfolk demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the quick family and budgets (CI: under 3 minutes)")
+    parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the family and every run")
+    parser.add_argument("--cache_dir", default=None, help="lab family cache (default ~/.cache/kinfolk/lab)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = DemoConfig.quick_config(seed=args.seed) if args.quick else DemoConfig(seed=args.seed)
+    run_demo(args.out, config, cache_dir=args.cache_dir, overwrite=args.overwrite)
+    return 0

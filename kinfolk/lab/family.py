@@ -1,0 +1,365 @@
+"""`build_family`: the lab's model family, trained on CPU with kinfolk's own trainer and cached by config hash.
+
+Every model is a Llama-style decoder over the lab's character tokenizer, trained with `WeightedSFTTrainer`
+(prompt tokens down-weighted by `prompt_loss_weight`, which makes the skills learnable several times faster):
+
+| model | from | trained on |
+|---|---|---|
+| `small_base` (2 × 64) | random init | pre-training mix (standard-library lines + every skill, every format) |
+| `large_base` (4 × 128) | random init | the same mix, more steps |
+| `small_instruct` | `small_base` | p*: correct answers in the preferred format (retained + target skills) |
+| `large_instruct` | `large_base` | the same p* data (ADAPT variant 1, preferred style) |
+| `large_bracket` | `large_base` | correct answers in the `[...]` style (ADAPT variant 2, another response style) |
+
+`large_base` is also the ADAPT teacher. After training, each model is scored on every skill (`evaluate`) and
+checked against `LabConfig.thresholds`; `family.json` records scores, thresholds and build times. The whole family
+lives in `cache_dir/<hash of the config>/`, each model directory written atomically, so a second build with the
+same config only reads `family.json` (changed thresholds or evaluation sizes re-score the cached models).
+
+>>> config = LabConfig.quick_config()
+>>> config.large_pretrain_steps < LabConfig().large_pretrain_steps
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from kinfolk.atomic import atomic_directory, fingerprint, write_json
+from kinfolk.lab import corpus
+from kinfolk.lab.evaluate import skill_scores
+from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
+from kinfolk.lab.tokenizer import MAX_LENGTH, build_lab_tokenizer
+from kinfolk.lab.training import lab_trainer, save_model
+from kinfolk.testing.models import tiny_config
+
+logger = logging.getLogger(__name__)
+
+# Bump when data generation or training changes, so old caches are not reused.
+LAB_VERSION = 2
+FAMILY_FILE = "family.json"
+MODELS = ("small_base", "large_base", "small_instruct", "large_instruct", "large_bracket")
+POST_TRAINED_SKILLS = [RETAINED, TARGET]  # the held-out skill is never post-trained on
+BRACKET_FORMAT = 2
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("KINFOLK_LAB_CACHE", Path.home() / ".cache" / "kinfolk" / "lab"))
+
+
+@dataclass
+class LabConfig:
+    """Everything that determines the family; its hash names the cache directory."""
+
+    seed: int = field(default=0, metadata={"help": "Seed of the data and of every training run."})
+    small_shape: dict = field(
+        default_factory=lambda: {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256},
+        metadata={"help": "Shape of the small base (Llama config fields)."},
+    )
+    large_shape: dict = field(
+        default_factory=lambda: {"num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 512},
+        metadata={"help": "Shape of the large base (Llama config fields)."},
+    )
+    skill_shares: dict = field(
+        default_factory=lambda: {RETAINED: 0.5, TARGET: 0.25, HELD_OUT: 0.25},
+        metadata={"help": "Shares of the skills among the pre-training problems (the target skill is rarer)."},
+    )
+    text_share: float = field(default=0.15, metadata={"help": "Share of standard-library lines in pre-training."})
+    small_pretrain_steps: int = field(default=1000, metadata={"help": "Pre-training steps of the small base."})
+    large_pretrain_steps: int = field(default=1000, metadata={"help": "Pre-training steps of the large base."})
+    post_train_steps: int = field(default=150, metadata={"help": "Steps of each post-trained variant."})
+    batch_size: int = field(default=32, metadata={"help": "Examples per training step."})
+    learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate (cosine schedule)."})
+    post_train_learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate of post-training."})
+    prompt_loss_weight: float = field(default=0.1, metadata={"help": "Loss weight of prompt tokens."})
+    eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for the threshold checks."})
+    thresholds: dict = field(
+        default_factory=lambda: {
+            "small_base": {RETAINED: ("answer_accuracy", 0.5)},
+            "large_base": {RETAINED: ("answer_accuracy", 0.8)},
+            "small_instruct": {RETAINED: ("accuracy", 0.5)},
+            "large_instruct": {RETAINED: ("accuracy", 0.8), TARGET: ("accuracy", 0.8)},
+            "large_bracket": {RETAINED: ("answer_accuracy", 0.8), TARGET: ("answer_accuracy", 0.8)},
+        },
+        metadata={"help": "model -> skill -> (metric, minimum) that the build checks and reports."},
+    )
+
+    @classmethod
+    def quick_config(cls, **overrides) -> LabConfig:
+        """The `--quick` size, for tests and CI: same models, fewer steps, lower thresholds."""
+        quick = {
+            "small_pretrain_steps": 500,
+            "large_pretrain_steps": 500,
+            "post_train_steps": 60,
+            "eval_problems": 100,
+            "thresholds": {
+                # The quick large base learns copying but not reversal (the full one does): no target threshold.
+                "small_base": {RETAINED: ("answer_accuracy", 0.5)},
+                "large_base": {RETAINED: ("answer_accuracy", 0.5)},
+                "small_instruct": {RETAINED: ("accuracy", 0.8)},
+                "large_instruct": {RETAINED: ("accuracy", 0.8)},
+                "large_bracket": {RETAINED: ("answer_accuracy", 0.8)},
+            },
+        }
+        return cls(**(quick | overrides))
+
+    def cache_key(self) -> str:
+        """Hash of what determines the weights (thresholds and evaluation size only change the checks)."""
+        versions = {"lab": LAB_VERSION, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+        fields = dataclasses.asdict(self)
+        for name in ("thresholds", "eval_problems"):
+            fields.pop(name)
+        return fingerprint(fields, versions)
+
+
+@dataclass
+class Family:
+    """A built family: model directories, their skill scores and whether each reached its thresholds."""
+
+    root: Path
+    config: LabConfig
+    scores: dict[str, dict[str, dict[str, float]]]
+    checks: list[dict]
+    build_seconds: dict[str, float]
+
+    @property
+    def models(self) -> dict[str, Path]:
+        return {name: self.root / name for name in MODELS}
+
+    @property
+    def teacher(self) -> Path:
+        """The ADAPT teacher: the large base, whose post-trained variants are `large_instruct` and `large_bracket`."""
+        return self.root / "large_base"
+
+    @property
+    def variants(self) -> dict[str, Path]:
+        return {"large_instruct": self.root / "large_instruct", "large_bracket": self.root / "large_bracket"}
+
+    @property
+    def passed(self) -> bool:
+        return all(check["passed"] for check in self.checks)
+
+    def tokenizer(self):
+        return AutoTokenizer.from_pretrained(self.root / "tokenizer")
+
+    def load(self, name: str) -> PreTrainedModel:
+        return AutoModelForCausalLM.from_pretrained(self.models[name])
+
+    # The family's datasets, all deterministic in the config's seed.
+    def pool(self, n: int = 1200) -> Dataset:
+        """The SFT pool (p_d) over the retained and target skills, with the true ratio p*/p_d of every row."""
+        return corpus.pool_dataset(POST_TRAINED_SKILLS, n, self.config.seed)
+
+    def target_train(self, n: int = 512) -> Dataset:
+        """p* examples of the target skill: the data an adapter learns the target skill from."""
+        return corpus.ideal_dataset([TARGET], n, self.config.seed + 1)
+
+    def retained(self, n: int = 256) -> Dataset:
+        """p* examples of the retained skill: for atlas fits, retained KL, Replay and Output-KL."""
+        return corpus.ideal_dataset([RETAINED], n, self.config.seed + 2)
+
+    def pretraining(self, n: int = 2048) -> Dataset:
+        return corpus.pretraining_dataset(n, self.config.seed + 3, self.config.skill_shares, self.config.text_share)
+
+    def instruct_data(self, n: int = 1024, format_index: int = 0) -> Dataset:
+        return corpus.ideal_dataset(POST_TRAINED_SKILLS, n, self.config.seed + 4, format_index)
+
+    def summary(self) -> str:
+        """A table of every model's accuracy per skill and the threshold checks."""
+        skills = list(next(iter(self.scores.values())))
+        lines = [f"lab family {self.root.name} ({'passed' if self.passed else 'FAILED'} thresholds)"]
+        lines.append(f"{'model':16}" + "".join(f"{s + ' acc/ans':>18}" for s in skills))
+        for name, per_skill in self.scores.items():
+            cells = "".join(
+                f"{per_skill[s]['accuracy']:>10.2f}/{per_skill[s]['answer_accuracy']:<7.2f}" for s in skills
+            )
+            lines.append(f"{name:16}{cells}")
+        for check in self.checks:
+            mark = "ok " if check["passed"] else "LOW"
+            lines.append(
+                f"  [{mark}] {check['model']} {check['skill']} {check['metric']} = {check['value']:.2f} "
+                f"(threshold {check['threshold']})"
+            )
+        return "\n".join(lines)
+
+
+def _model_config(shape: dict, tokenizer):
+    heads = 4
+    return tiny_config(
+        "llama",
+        vocab_size=len(tokenizer),
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=shape["hidden_size"] // heads,
+        initializer_range=0.02,
+        max_position_embeddings=MAX_LENGTH,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **shape,
+    )
+
+
+def train(
+    model,
+    dataset: Dataset,
+    tokenizer,
+    out: Path,
+    steps: int,
+    learning_rate: float,
+    config: LabConfig,
+    progress: bool = True,
+) -> Path:
+    """Train one family member with the lab's recipe (`training.lab_trainer`) and save it atomically to `out`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = lab_trainer(
+            model,
+            dataset,
+            tokenizer,
+            scratch,
+            steps,
+            learning_rate,
+            batch_size=config.batch_size,
+            prompt_loss_weight=config.prompt_loss_weight,
+            seed=config.seed,
+            progress=progress,
+        )
+        trainer.train()
+    return save_model(trainer.model, tokenizer, out)
+
+
+def _check(scores: dict, thresholds: dict) -> list[dict]:
+    checks = []
+    for model, per_skill in thresholds.items():
+        for skill, (metric, minimum) in per_skill.items():
+            value = scores[model][skill][metric]
+            checks.append(
+                {
+                    "model": model,
+                    "skill": skill,
+                    "metric": metric,
+                    "value": value,
+                    "threshold": minimum,
+                    "passed": value >= minimum,
+                }
+            )
+    return checks
+
+
+def _say(message: str, progress: bool) -> None:
+    if progress:
+        print(f"[kinfolk lab] {message}", file=sys.stderr, flush=True)
+
+
+def build_family(
+    config: LabConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True, force: bool = False
+) -> Family:
+    """Build (or load from the cache) the family of `config` and check its thresholds."""
+    config = config or LabConfig()
+    root = Path(cache_dir or default_cache_dir()) / config.cache_key()
+    summary_file = root / FAMILY_FILE
+    if summary_file.exists() and not force:
+        cached = load_family(root)
+        if cached.config == config:
+            _say(f"family found in the cache: {root}", progress)
+            return cached
+        _say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+    torch.manual_seed(config.seed)
+    tokenizer = build_lab_tokenizer()
+    root.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(root / "tokenizer", overwrite=True) as staging:
+        tokenizer.save_pretrained(staging)
+    family = Family(root, config, {}, [], {})
+    pretraining = family.pretraining(config.batch_size * max(config.small_pretrain_steps, config.large_pretrain_steps))
+    post_rows = config.batch_size * config.post_train_steps
+    plan = [
+        (
+            "small_base",
+            lambda: _fresh(config.small_shape, tokenizer, config.seed),
+            pretraining,
+            config.small_pretrain_steps,
+            config.learning_rate,
+        ),
+        (
+            "large_base",
+            lambda: _fresh(config.large_shape, tokenizer, config.seed),
+            pretraining,
+            config.large_pretrain_steps,
+            config.learning_rate,
+        ),
+        (
+            "small_instruct",
+            lambda: root / "small_base",
+            family.instruct_data(post_rows),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
+        (
+            "large_instruct",
+            lambda: root / "large_base",
+            family.instruct_data(post_rows),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
+        (
+            "large_bracket",
+            lambda: root / "large_base",
+            family.instruct_data(post_rows, BRACKET_FORMAT),
+            config.post_train_steps,
+            config.post_train_learning_rate,
+        ),
+    ]
+    for name, init, data, steps, learning_rate in plan:
+        start = time.perf_counter()
+        if force or not (root / name / "config.json").exists():
+            _say(f"training {name}: {steps} steps", progress)
+            train(init(), data, tokenizer, root / name, steps, learning_rate, config, progress)
+        model = AutoModelForCausalLM.from_pretrained(root / name)
+        family.scores[name] = skill_scores(model, tokenizer, n=config.eval_problems, seed=config.seed)
+        family.build_seconds[name] = round(time.perf_counter() - start, 1)
+        _say(
+            f"{name}: "
+            + ", ".join(f"{s} {v['accuracy']:.2f}/{v['answer_accuracy']:.2f}" for s, v in family.scores[name].items())
+            + " (accuracy/answer accuracy)",
+            progress,
+        )
+    family.checks = _check(family.scores, config.thresholds)
+    write_json(
+        summary_file,
+        {
+            "config": dataclasses.asdict(config),
+            "cache_key": config.cache_key(),
+            "scores": family.scores,
+            "checks": family.checks,
+            "build_seconds": family.build_seconds,
+            "passed": family.passed,
+        },
+    )
+    return family
+
+
+def _fresh(shape: dict, tokenizer, seed: int) -> PreTrainedModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(_model_config(shape, tokenizer), dtype=torch.float32)
+
+
+def load_family(root: str | Path) -> Family:
+    """The family in `root` (a directory written by `build_family`)."""
+    root = Path(root)
+    record = json.loads((root / FAMILY_FILE).read_text())
+    config = LabConfig(**record["config"])
+    config.thresholds = {m: {s: tuple(v) for s, v in per.items()} for m, per in config.thresholds.items()}
+    return Family(root, config, record["scores"], record["checks"], record["build_seconds"])

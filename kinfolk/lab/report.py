@@ -1,0 +1,298 @@
+"""The demo's report: markdown tables from `results.json`, PNG plots (matplotlib, the `plots` extra), a headline.
+
+>>> print(markdown_table(["model", "add"], [["uniform", 0.5]]))
+| model | add |
+|---|---|
+| uniform | 0.50 |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kinfolk.atomic import atomic_file
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _final_kl(results: dict, method: str) -> float:
+    trajectory = results["atlas"]["retained_kl"][method]
+    return float(trajectory[-1][1]) if trajectory else float("nan")
+
+
+def _roles(results: dict) -> tuple[str, str, str]:
+    skills = results["skills"]
+    return skills["retained"], skills["target"], skills["held_out"]
+
+
+def atlantis_rows(results: dict) -> list[list[Any]]:
+    retained, target, _ = _roles(results)
+    scores = results["atlantis"]["scores"]
+    formulas = results["atlantis"]["formulas"]
+    rows = []
+    for name, per_skill in scores.items():
+        method = name.removeprefix("atlantis-")
+        diagnostics = formulas.get(results["atlantis"]["formula"] if method == "atlantis" else method, {})
+        rows.append(
+            [
+                name,
+                per_skill[retained]["accuracy"],
+                per_skill[target]["accuracy"],
+                per_skill[retained]["preferred_format"],
+                diagnostics.get("spearman_true_ratio", "") if method != "uniform" else "",
+                diagnostics.get("ess_fraction", "") if method != "uniform" else 1.0,
+            ]
+        )
+    return rows
+
+
+def formula_rows(results: dict) -> list[list[Any]]:
+    return [
+        [
+            name,
+            d["spearman_true_ratio"],
+            d["ess_fraction"],
+            d["mean_weight"]["good"],
+            d["mean_weight"]["off_format"],
+            d["mean_weight"]["wrong"],
+        ]
+        for name, d in results["atlantis"]["formulas"].items()
+    ]
+
+
+def atlas_rows(results: dict) -> list[list[Any]]:
+    retained, target, held_out = _roles(results)
+    rows = []
+    for name, per_skill in results["atlas"]["scores"].items():
+        kl = _final_kl(results, name) if name in results["atlas"]["retained_kl"] else 0.0
+        rows.append(
+            [
+                name,
+                per_skill[target]["accuracy"],
+                per_skill[retained]["accuracy"],
+                per_skill[retained]["answer_accuracy"],
+                per_skill[held_out]["answer_accuracy"],
+                kl,
+            ]
+        )
+    return rows
+
+
+def target_matched_text(results: dict) -> str:
+    """ATLAS / LoRA retained-KL ratio at the target scores both reach (`kinfolk drift`'s protocol), or why not."""
+    matched = results["atlas"].get("target_matched", {})
+    if "comparisons" not in matched or "lora" not in matched["comparisons"]:
+        return f"no target-matched comparison: {matched.get('error', 'not measured')}"
+    ratio = matched["comparisons"]["lora"]["ratio"]["estimate"]
+    levels = matched["requirements"]
+    return (
+        f"retained KL(ATLAS) / KL(LoRA) = {ratio:.3f} at matched target scores "
+        f"({len(levels)} levels, {min(levels):.2f}-{max(levels):.2f}; one seed)"
+    )
+
+
+def adapt_rows(results: dict) -> list[list[Any]]:
+    retained, target, _ = _roles(results)
+    rows = []
+    for variant, entry in results["adapt"]["variants"].items():
+        for label, model in entry["models"].items():
+            scores = model["scores"]
+            rows.append(
+                [
+                    variant,
+                    label,
+                    model["layers"],
+                    scores[retained]["accuracy"],
+                    scores[target]["accuracy"],
+                    scores[target]["preferred_format"],
+                ]
+            )
+    return rows
+
+
+def lm_eval_rows(results: dict) -> list[list[Any]]:
+    return [[name, *per_task.values()] for name, per_task in results["lm_eval"].items()]
+
+
+def own_format_accuracy(model: dict) -> float:
+    """Mean accuracy over the post-trained skills (those scored), in the model's own response format."""
+    scores = model["scores"]
+    return sum(score["accuracy"] for score in scores.values()) / len(scores)
+
+
+def headline_table(results: dict) -> str:
+    """One line per method: the number each method is about, against its baseline."""
+    retained, target, _ = _roles(results)
+    a = {row[0]: row for row in atlantis_rows(results)}
+    t = {row[0]: row for row in atlas_rows(results)}
+    rows = [
+        [
+            "ATLANTIS",
+            "uniform SFT -> ATLANTIS weights (oracle)",
+            f"{retained}+{target} accuracy, preferred format",
+            f"{(a['atlantis-uniform'][1] + a['atlantis-uniform'][2]) / 2:.2f} -> "
+            f"{(a['atlantis-atlantis'][1] + a['atlantis-atlantis'][2]) / 2:.2f} "
+            f"({(a['atlantis-oracle'][1] + a['atlantis-oracle'][2]) / 2:.2f})",
+        ],
+        [
+            "ATLAS",
+            "LoRA -> ATLAS",
+            f"{target} accuracy / retained KL",
+            f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}"
+            + f" ({target_matched_text(results).split(' (')[0]})",
+        ],
+    ]
+    for variant, entry in results["adapt"]["variants"].items():
+        models = entry["models"]
+        init = own_format_accuracy(models["student init (no delta)"])
+        patched = [m for label, m in models.items() if label.startswith("patched")]
+        sizes = ", ".join(f"{m['layers']}L {own_format_accuracy(m):.2f}" for m in patched)
+        rows.append(
+            [
+                "ADAPT",
+                f"{variant}: init student -> delta student (every size)",
+                f"{retained}+{target} accuracy, own format",
+                f"{init:.2f} -> {own_format_accuracy(patched[0]):.2f} "
+                f"({sizes}; teacher {own_format_accuracy(models['teacher variant']):.2f})",
+            ]
+        )
+    width = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)) for row in rows)
+
+
+def write_plots(results: dict, out: Path) -> list[str]:
+    """PNG plots next to the report; an empty list (and a note in the report) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    by_kind = results["atlantis"]["weights_by_kind"]
+    axis.boxplot([by_kind[k] for k in by_kind], tick_labels=list(by_kind))
+    axis.set_ylabel("ATLANTIS weight")
+    axis.set_title(f"weights by true kind ({results['atlantis']['formula']})")
+    figure.tight_layout()
+    figure.savefig(out / "atlantis_weights.png", dpi=100)
+    written.append("atlantis_weights.png")
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    for method, trajectory in results["atlas"]["retained_kl"].items():
+        target_at = dict(map(tuple, results["atlas"].get("target_curve", {}).get(method, [])))
+        points = [(target_at[step], kl) for step, kl in trajectory if step in target_at]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=method)
+    axis.set_xlabel(f"{results['skills']['target']} accuracy (checkpoints)")
+    axis.set_ylabel("retained KL(frozen || current)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "atlas_retained_kl.png", dpi=100)
+    written.append("atlas_retained_kl.png")
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    for variant, entry in results["adapt"]["variants"].items():
+        patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
+        axis.plot([m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o", label=variant)
+    axis.set_xlabel("layers")
+    axis.set_ylabel("post-trained skills' accuracy (own format)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out / "adapt_sizes.png", dpi=100)
+    written.append("adapt_sizes.png")
+    plt.close(figure)
+    return written
+
+
+def write_report(results: dict, out: str | Path) -> Path:
+    out = Path(out)
+    plots = write_plots(results, out)
+    config, seconds = results["config"], results["seconds"]
+    retained, target, held_out = _roles(results)
+    family = results["family"]
+    sections = [
+        "# kinfolk demo on the lab family",
+        f"Family `{Path(family['root']).name}` ({'quick' if config['quick'] else 'full'}), seed {config['seed']}, "
+        f"thresholds {'passed' if family['passed'] else 'NOT all passed'}. Skills: retained `{retained}`, "
+        f"target `{target}`, held-out `{held_out}`. Accuracy = the correct answer in the asked-for format on test problems "
+        f"({config['eval_problems']} per skill, greedy). Times (s): "
+        + ", ".join(f"{k} {v}" for k, v in seconds.items())
+        + ".",
+        "## Headline\n\n```\n" + headline_table(results) + "\n```",
+        "## Family\n\n"
+        + markdown_table(
+            ["model", *(f"{skill} acc / answer acc" for skill in (retained, target, held_out))],
+            [
+                [
+                    name,
+                    *(f"{s[k]['accuracy']:.2f} / {s[k]['answer_accuracy']:.2f}" for k in (retained, target, held_out)),
+                ]
+                for name, s in family["scores"].items()
+            ],
+        ),
+        "## ATLANTIS: SFT of the large base on the pool\n\n"
+        f"Weights: formula `{results['atlantis']['formula']}`, normalisation "
+        f"`{results['atlantis']['normalization']}`, temperature {results['atlantis']['temperature']}.\n\n"
+        + markdown_table(
+            [
+                "run",
+                f"{retained} acc",
+                f"{target} acc",
+                f"{retained} preferred format",
+                "Spearman(w, p*/p_d)",
+                "ESS/N",
+            ],
+            atlantis_rows(results),
+        )
+        + "\n\nEvery formula against the true ratio (no training):\n\n"
+        + markdown_table(
+            ["formula", "Spearman(w, p*/p_d)", "ESS/N", "mean w good", "mean w off-format", "mean w wrong"],
+            formula_rows(results),
+        ),
+        "## ATLAS vs LoRA: learning the target skill\n\n"
+        + markdown_table(
+            [
+                "model",
+                f"{target} acc",
+                f"{retained} acc",
+                f"{retained} answer acc",
+                f"{held_out} answer acc",
+                "final retained KL",
+            ],
+            atlas_rows(results),
+        )
+        + "\n\n"
+        + target_matched_text(results)
+        + ".",
+        "## ADAPT: delta transfer and patched sizes\n\n"
+        "Scores in each variant's own format (`large_bracket` answers in `[...]`).\n\n"
+        + markdown_table(
+            ["variant", "model", "layers", f"{retained} acc", f"{target} acc", f"{target} format share"],
+            adapt_rows(results),
+        ),
+        "## lm-eval (kinfolk_lab_* tasks, exact match)\n\n"
+        + markdown_table(["model", *next(iter(results["lm_eval"].values())).keys()], lm_eval_rows(results)),
+        "## Plots\n\n"
+        + (
+            "\n".join(f"![{p}]({p})" for p in plots)
+            if plots
+            else "matplotlib is not installed (`pip install kinfolk[plots]`): no plots."
+        ),
+    ]
+    path = out / "report.md"
+    with atomic_file(path) as handle:
+        handle.write("\n\n".join(sections) + "\n")
+    return path

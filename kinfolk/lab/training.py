@@ -1,0 +1,67 @@
+"""How the lab trains: `WeightedSFTTrainer` on CPU with the lab's step budgets, then an atomic save.
+
+Every model of the family and every run of the demo goes through `lab_trainer`, so they share one recipe:
+AdamW, cosine schedule with a short warm-up, prompt tokens down-weighted (`prompt_loss_weight`), sequences of at
+most the tokenizer's 64 characters, no checkpoints (the budgets are minutes), a fixed seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from kinfolk.atomic import atomic_directory
+from kinfolk.lab.tokenizer import MAX_LENGTH
+
+
+def lab_trainer(
+    model: PreTrainedModel | str | Path,
+    dataset: Dataset,
+    tokenizer,
+    output_dir: str | Path,
+    steps: int,
+    learning_rate: float,
+    *,
+    batch_size: int = 32,
+    prompt_loss_weight: float = 0.1,
+    seed: int = 0,
+    weight_column: str | None = None,
+    progress: bool = True,
+    **config_overrides,
+):
+    """A `WeightedSFTTrainer` for `steps` optimiser steps of `batch_size` examples on the CPU."""
+    from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+    if isinstance(model, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(model)
+    args = WeightedSFTConfig(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=min(50, steps // 10),
+        weight_column=weight_column,
+        prompt_loss_weight=prompt_loss_weight,
+        max_length=MAX_LENGTH,
+        logging_steps=max(1, steps // 5),
+        save_strategy="no",
+        report_to=[],
+        seed=seed,
+        data_seed=seed,
+        disable_tqdm=not progress,
+        gradient_checkpointing=False,  # TRL turns it on by default; on models this small it only costs time
+        **config_overrides,
+    )
+    return WeightedSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def save_model(model: PreTrainedModel, tokenizer, out: str | Path) -> Path:
+    """Save `model` (or a PEFT adapter) with the tokenizer, appearing at `out` only when complete."""
+    with atomic_directory(out, overwrite=True) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    return Path(out)

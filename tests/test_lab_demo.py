@@ -1,0 +1,48 @@
+"""`kinfolk demo --quick` end to end: the report's numbers are the artefacts' numbers."""
+
+import json
+from pathlib import Path
+
+import pytest
+from peft import AutoPeftModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kinfolk.lab.demo import main
+from kinfolk.lab.evaluate import skill_scores
+from kinfolk.lab.report import headline_table
+
+
+@pytest.mark.slow
+def test_quick_demo_report_matches_its_saved_models(tmp_path, lab_cache_dir, capsys):
+    out = tmp_path / "demo"
+    assert main(["--quick", "--out", str(out), "--cache_dir", str(lab_cache_dir)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    assert headline_table(results) in capsys.readouterr().out
+    for plot in ("atlantis_weights.png", "atlas_retained_kl.png", "adapt_sizes.png"):
+        assert (out / plot).stat().st_size > 0 and f"]({plot})" in report
+    n, seed = results["config"]["eval_problems"], results["config"]["seed"]
+    tokenizer = AutoTokenizer.from_pretrained(out / "models" / "atlantis-atlantis")
+
+    # ATLANTIS: the weighted model's reported accuracy is a recomputation from its saved weights
+    weighted = AutoModelForCausalLM.from_pretrained(out / "models" / "atlantis-atlantis")
+    assert skill_scores(weighted, tokenizer, n=n, seed=seed) == results["atlantis"]["scores"]["atlantis-atlantis"]
+    retained = results["skills"]["retained"]
+    accuracy = results["atlantis"]["scores"]["atlantis-atlantis"][retained]["accuracy"]
+    assert f"| atlantis-atlantis | {accuracy:.2f} |" in report
+
+    # ATLAS: the saved adapter reloads (the plugin type is registered) and gives the reported scores
+    atlas = AutoPeftModelForCausalLM.from_pretrained(out / "models" / "atlas")
+    assert skill_scores(atlas, tokenizer, n=n, seed=seed) == results["atlas"]["scores"]["atlas"]
+    step, kl = results["atlas"]["retained_kl"]["atlas"][0]
+    assert step == 0 and kl == pytest.approx(0.0, abs=1e-6)  # measured at start: the fresh adapter changes nothing
+
+    # lm-eval's exact match on the same first problems equals the lab's own greedy accuracy
+    for skill, value in results["lm_eval"]["large_base"].items():
+        assert value == pytest.approx(results["family"]["scores"]["large_base"][skill]["accuracy"]), skill
+
+    # ADAPT: every patched size of each variant is a saved model of the reported depth
+    for entry in results["adapt"]["variants"].values():
+        for model in entry["models"].values():
+            config = json.loads((Path(model["path"]) / "config.json").read_text())
+            assert config["num_hidden_layers"] == model["layers"]

@@ -1,0 +1,73 @@
+"""The lab's family build: deterministic per seed, cached by config hash, and (slow) the quick size passes."""
+
+import pytest
+from safetensors.torch import load_file
+
+from kinfolk.lab import family as lab_family
+from kinfolk.lab.family import MODELS, LabConfig, build_family, load_family
+
+# A few steps of everything: the build's plumbing, not its skills.
+MICRO = {
+    "small_pretrain_steps": 3,
+    "large_pretrain_steps": 3,
+    "post_train_steps": 2,
+    "batch_size": 4,
+    "eval_problems": 4,
+    "small_shape": {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32},
+    "large_shape": {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64},
+    "thresholds": {},
+}
+
+
+@pytest.fixture(scope="module")
+def micro_family(tmp_path_factory):
+    return build_family(LabConfig(**MICRO), cache_dir=tmp_path_factory.mktemp("lab"), progress=False)
+
+
+def test_micro_family_has_every_model_scored(micro_family):
+    assert set(micro_family.scores) == set(MODELS)
+    for name, path in micro_family.models.items():
+        assert (path / "config.json").exists(), name
+        assert set(micro_family.scores[name]) == {"add", "reverse", "copy"}
+    assert micro_family.load("large_base").config.num_hidden_layers == 2
+    assert micro_family.passed  # no thresholds asked
+
+
+def test_second_build_hits_the_cache(micro_family, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("the second build trained a model")
+
+    monkeypatch.setattr(lab_family, "train", no_training)
+    again = build_family(LabConfig(**MICRO), cache_dir=micro_family.root.parent, progress=False)
+    assert again.root == micro_family.root
+    assert again.scores == micro_family.scores
+    assert load_family(micro_family.root).config == micro_family.config
+
+
+def test_build_is_deterministic_per_seed(micro_family, tmp_path):
+    rebuilt = build_family(LabConfig(**MICRO), cache_dir=tmp_path, progress=False)
+    other_seed = build_family(LabConfig(**(MICRO | {"seed": 1})), cache_dir=tmp_path, progress=False)
+    assert rebuilt.root.name == micro_family.root.name != other_seed.root.name
+    for name in ("large_base", "small_instruct"):
+        first = load_file(micro_family.models[name] / "model.safetensors")
+        second = load_file(rebuilt.models[name] / "model.safetensors")
+        third = load_file(other_seed.models[name] / "model.safetensors")
+        assert all((first[key] == second[key]).all() for key in first), name
+        assert any((first[key] != third[key]).any() for key in first), name
+
+
+def test_config_changes_change_the_cache_key():
+    assert LabConfig().cache_key() != LabConfig(post_train_steps=1).cache_key()
+    assert LabConfig().cache_key() == LabConfig().cache_key()
+
+
+@pytest.mark.slow
+def test_quick_family_reaches_its_thresholds(lab_cache_dir):
+    family = build_family(LabConfig.quick_config(), cache_dir=lab_cache_dir, progress=False)
+    assert family.checks, "the quick config checks thresholds"
+    assert family.passed, family.summary()
+    # the ground truth the lab promises: post-training on p* moves the instruct model to the preferred format
+    assert (
+        family.scores["large_instruct"]["add"]["preferred_format"]
+        > family.scores["large_base"]["add"]["preferred_format"]
+    )
