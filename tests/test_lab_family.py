@@ -62,6 +62,7 @@ def test_config_changes_change_the_cache_key():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quick-lab-family")  # one worker builds the family, the other test reuses it
 def test_quick_family_reaches_its_thresholds(lab_cache_dir):
     family = build_family(LabConfig.quick_config(), cache_dir=lab_cache_dir, progress=False)
     assert family.checks, "the quick config checks thresholds"
