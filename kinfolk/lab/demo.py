@@ -6,7 +6,7 @@ Reads top to bottom, one stage per method, each built from kinfolk's own compone
 2. ATLANTIS: `score_dataset` scores the SFT pool with the large base, small base and small instruct models; the
    weights are compared with the true ratio p*/p_d (Spearman, ESS) for every formula, then `WeightedSFTTrainer`
    trains the large base on the pool with uniform weights, ATLANTIS weights and the true ratio (oracle);
-3. ATLAS: `fit_atlas` on retained (addition) data, then an ATLAS and a LoRA adapter at the same placement and rank
+3. ATLAS: `fit_atlas` on retained (copying) data, then an ATLAS and a LoRA adapter at the same placement and rank
    learn the target skill (reversal) with `RetainedKLCallback` tracking KL(frozen ‖ current) on retained contexts;
 4. ADAPT: `merge` init-student (teacher and both variants), `DistillationTrainer` distils the base student, the
    weight delta is applied to each variant's student, and `patch --all` rebuilds every size of each variant;
