@@ -1,0 +1,351 @@
+"""`kinfolk lab experiment atlas --seeds N`: ATLAS residuals and LoRA's regularised variants at matched target scores.
+
+Per seed (adapter initialisation, atlas k-means and data order; the family stays the one of `--family_seed`), six
+adapters at one placement and rank learn the target skill (reversal) from the large base:
+
+- ATLAS with the `plain`, `centered` and full (`atlas`) residuals, each after `fit_atlas` on retained (copy) data;
+- LoRA (`matching_lora_config`: same modules, same rank), LoRA + Replay (`replay_ratio`) and LoRA + Output-KL
+  (`output_kl_coef`), the regularisers of `WeightedSFTTrainer` on the same retained data.
+
+At `--drift_points` checkpoints `RetainedKLCallback` logs KL(frozen ‖ current) on held retained contexts and
+`LmEvalCallback` runs the lab's lm-eval tasks: exact match on the target task, and answer churn on the retained task
+against the frozen model's answers. The comparison is the paper's protocol (`kinfolk.drift_report`): for each target
+score k that both a method and LoRA reach above the frozen model's score, each run's lowest retained KL (and lowest
+churn) among checkpoints scoring ≥ k; per seed the mean over those k, minus LoRA's. Differences are summarised over
+seeds with a percentile bootstrap (`kinfolk.stats`). `results.json`, `results.md` and every run's `drift.jsonl`
+and final adapter go to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kinfolk.atomic import atomic_file, check_destination, write_json
+from kinfolk.lab.family import Family, LabConfig, build_family
+from kinfolk.lab.report import markdown_table
+from kinfolk.lab.skills import RETAINED, TARGET
+from kinfolk.lab.tasks import TASKS
+from kinfolk.stats import bootstrap_interval
+
+ATLAS_RESIDUALS = {"atlas-plain": "plain", "atlas-centered": "centered", "atlas-full": "atlas"}
+METHODS = (*ATLAS_RESIDUALS, "lora", "lora+replay", "lora+output-kl")
+COMPARATOR = "lora"
+TARGET_METRIC = f"lm_eval/{TASKS[TARGET]}/exact_match"
+CHURN_METRIC = f"churn/{TASKS[RETAINED]}/C_rate"
+KL_METRIC = "retained_kl"
+
+
+def train_adapter(
+    family: Family,
+    method: str,
+    seed: int,
+    run_dir: Path,
+    settings: dict[str, Any],
+    progress: bool = False,
+):
+    """Train one method's adapter with drift logging into `run_dir`; returns the trainer."""
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
+    from kinfolk.lab.training import lab_trainer
+    from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
+    from kinfolk.plugins.atlas.comparators import matching_lora_config
+
+    tokenizer = family.tokenizer()
+    retained, retained_eval = family.retained(settings["retained_examples"]), family.retained(128)
+    atlas_config = AtlasConfig(
+        r=settings["rank"],
+        residual=ATLAS_RESIDUALS.get(method, "atlas"),
+        num_regions=settings["regions"],
+        layers_to_transform=[settings["layer"]],
+        target_modules=[settings["module"]],
+    )
+    set_seed(seed)  # the adapter's random initialisation
+    base = family.load("large_base")
+    model = get_peft_model(
+        base, atlas_config if method in ATLAS_RESIDUALS else matching_lora_config(base, atlas_config)
+    )
+    if method in ATLAS_RESIDUALS:
+        fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=seed)
+    regulariser = {
+        "lora+replay": {"replay_ratio": settings["replay_ratio"]},
+        "lora+output-kl": {"output_kl_coef": settings["output_kl_coef"]},
+    }.get(method, {})
+    shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = lab_trainer(
+        model,
+        family.target_train(settings["target_examples"]),
+        tokenizer,
+        run_dir,
+        settings["steps"],
+        settings["learning_rate"],
+        seed=seed,
+        progress=progress,
+        retained_dataset=retained if regulariser else None,
+        **regulariser,
+    )
+    every = max(1, settings["steps"] // settings["drift_points"])
+    trainer.add_callback(RetainedKLCallback(trainer, retained_eval, every_n_steps=every, measure_at_start=True))
+    trainer.add_callback(
+        LmEvalCallback(
+            trainer,
+            [TASKS[TARGET], TASKS[RETAINED]],
+            limit=settings["eval_problems"],
+            every_n_steps=every,
+            churn=True,
+            include_defaults=False,
+            batch_size=64,
+        )
+    )
+    trainer.train()
+    return trainer
+
+
+def matched_differences(run_dirs: dict[str, Path], frozen_score: float) -> dict[str, Any]:
+    """Per method: mean lowest retained KL and churn over the target scores it and LoRA both reach above
+    `frozen_score`, LoRA's on the same scores, and the differences; computed from the runs' `drift.jsonl`."""
+    from kinfolk.drift_report import load_run
+
+    def runs(method: str):
+        return {
+            measure: load_run(method, "0", run_dirs[method], TARGET_METRIC, kl=key)
+            for measure, key in (("kl", KL_METRIC), ("churn", CHURN_METRIC))
+        }
+
+    lora = runs(COMPARATOR)
+    result: dict[str, Any] = {}
+    for method in run_dirs:
+        if method == COMPARATOR:
+            continue
+        ours = runs(method)
+        levels = [k for k in _shared_or_empty([ours["kl"], lora["kl"]]) if k > frozen_score]
+        entry: dict[str, Any] = {"levels": levels}
+        for measure in ("kl", "churn"):
+            if levels:
+                mine = float(np.mean([ours[measure].best_kl(k) for k in levels]))
+                theirs = float(np.mean([lora[measure].best_kl(k) for k in levels]))
+                entry[measure] = {"method": mine, COMPARATOR: theirs, "difference": mine - theirs}
+        result[method] = entry
+    return result
+
+
+def _shared_or_empty(runs) -> list[float]:
+    from kinfolk.drift_report import shared_requirements
+
+    try:
+        return shared_requirements(runs)
+    except ValueError:  # the runs' target scores do not overlap
+        return []
+
+
+def frozen_target_score(run_dir: Path) -> float:
+    """The frozen model's exact match on the target task, from the answers `LmEvalCallback` recorded at the start."""
+    from kinfolk.callbacks.churn import outcomes
+    from kinfolk.callbacks.evaluation import read_sample_dir
+
+    answers = outcomes(read_sample_dir(run_dir / "lm_eval" / "frozen")[TASKS[TARGET]])
+    return float(np.mean([answer.correct for answer in answers.values()]))
+
+
+def atlas_seed(
+    family: Family, seed: int, out: Path, settings: dict[str, Any], progress: bool = False
+) -> dict[str, Any]:
+    """Every method's run for one seed, its final target score and retained churn, and the matched differences."""
+    from kinfolk.callbacks.drift_log import read_rows
+    from kinfolk.lab.training import save_model
+
+    tokenizer = family.tokenizer()
+    run_dirs, final = {}, {}
+    for method in METHODS:
+        print(f"[kinfolk lab experiment atlas] seed {seed}: {method} ({settings['steps']} steps)", flush=True)
+        start = time.perf_counter()
+        run_dirs[method] = out / f"seed-{seed}" / "runs" / method
+        trainer = train_adapter(family, method, seed, run_dirs[method], settings, progress)
+        save_model(trainer.model, tokenizer, out / f"seed-{seed}" / "models" / method)
+        rows = [row for row in read_rows(run_dirs[method]) if TARGET_METRIC in row]
+        final[method] = {
+            "target": rows[-1][TARGET_METRIC],
+            "churn": rows[-1][CHURN_METRIC],
+            "retained_kl": [row[KL_METRIC] for row in read_rows(run_dirs[method]) if KL_METRIC in row][-1],
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    frozen_score = frozen_target_score(run_dirs[COMPARATOR])
+    return {
+        "frozen_target": frozen_score,
+        "final": final,
+        "matched": matched_differences(run_dirs, frozen_score),
+        "runs": {method: str(path) for method, path in run_dirs.items()},
+    }
+
+
+def _mean_interval(values: list[float]) -> dict[str, float] | None:
+    return bootstrap_interval(lambda x: float(x.mean()), values).as_dict() if values else None
+
+
+def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over seeds: each method's final target score, churn and KL, and its matched differences from LoRA."""
+    summary: dict[str, Any] = {"final": {}, "matched": {}}
+    for method in per_seed[0]["final"]:
+        summary["final"][method] = {
+            key: _mean_interval([seed["final"][method][key] for seed in per_seed])
+            for key in ("target", "churn", "retained_kl")
+        }
+    for method in per_seed[0]["matched"]:
+        entries = [seed["matched"][method] for seed in per_seed]
+        reached = [entry for entry in entries if entry["levels"]]
+        summary["matched"][method] = {"seeds_matched": len(reached)}
+        for measure in ("kl", "churn"):
+            summary["matched"][method][measure] = {
+                key: _mean_interval([entry[measure][key] for entry in reached])
+                for key in ("method", COMPARATOR, "difference")
+            }
+    return summary
+
+
+def _interval(entry: dict[str, float] | None, digits: int = 3) -> str:
+    if entry is None:
+        return "—"
+    return f"{entry['estimate']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def write_markdown(results: dict[str, Any], out: Path) -> Path:
+    summary, settings, seeds = results["summary"], results["settings"], len(results["seeds"])
+    matched_rows = []
+    for method, entry in summary["matched"].items():
+        kl, churn = entry["kl"], entry["churn"]
+        matched_rows.append(
+            [
+                method,
+                f"{entry['seeds_matched']}/{seeds}",
+                _interval(kl["method"], 4),
+                _interval(kl[COMPARATOR], 4),
+                _interval(kl["difference"], 4),
+                _interval(churn["method"]),
+                _interval(churn[COMPARATOR]),
+                _interval(churn["difference"]),
+            ]
+        )
+    body = [
+        f"# ATLAS on the lab: {seeds} seeds",
+        f"Family `{results['family']}` (family seed {results['family_seed']}); rank {settings['rank']}, layer "
+        f"{settings['layer']} `{settings['module']}`, {settings['steps']} steps at lr {settings['learning_rate']}, "
+        f"{settings['regions']} atlas regions; Replay ratio {settings['replay_ratio']}, Output-KL λ "
+        f"{settings['output_kl_coef']}; {settings['eval_problems']} test problems per task at "
+        f"{settings['drift_points']} checkpoints. Seeds vary the adapter initialisation, atlas fit and data order.",
+        "Final checkpoint (mean over seeds, bootstrap 95 % over seeds): target exact match "
+        f"({TASKS[TARGET]}), answer churn on {TASKS[RETAINED]} vs the frozen model, retained KL.",
+        markdown_table(
+            ["method", "target", "retained churn", "retained KL"],
+            [
+                [m, _interval(e["target"]), _interval(e["churn"]), _interval(e["retained_kl"], 4)]
+                for m, e in summary["final"].items()
+            ],
+        ),
+        "At matched target scores (each run's lowest value among checkpoints reaching k, averaged over the scores k "
+        "that the method and LoRA both reach above the frozen model; per seed, then mean over the seeds where such "
+        "k exist, bootstrap 95 % over seeds). Negative differences favour the method.",
+        markdown_table(
+            [
+                "method",
+                "seeds matched",
+                "retained KL",
+                "LoRA's KL",
+                "KL − LoRA",
+                "churn",
+                "LoRA's churn",
+                "churn − LoRA",
+            ],
+            matched_rows,
+        ),
+        f"Time: {results['seconds']} s.",
+    ]
+    path = out / "results.md"
+    with atomic_file(path) as handle:
+        handle.write("\n\n".join(body) + "\n")
+    return path
+
+
+DEFAULTS = {
+    "rank": 32,
+    "layer": 3,
+    "module": "self_attn.o_proj",
+    "regions": 8,
+    "steps": 600,
+    "learning_rate": 1e-2,
+    "drift_points": 8,
+    "eval_problems": 200,
+    "target_examples": 1024,
+    "retained_examples": 512,
+    "replay_ratio": 0.25,
+    "output_kl_coef": 1.0,
+}
+QUICK = {"steps": 150, "drift_points": 4, "eval_problems": 100}
+
+
+def run_atlas(
+    out: str | Path,
+    seeds: int = 3,
+    quick: bool = False,
+    family_seed: int = 0,
+    cache_dir: str | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+    **overrides,
+) -> dict[str, Any]:
+    out = check_destination(out, overwrite)
+    start = time.perf_counter()
+    settings = DEFAULTS | (QUICK if quick else {}) | {k: v for k, v in overrides.items() if v is not None}
+    config = LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed)
+    family = build_family(config, cache_dir=cache_dir, progress=progress)
+    per_seed = [atlas_seed(family, seed, out, settings, progress) for seed in range(seeds)]
+    results = {
+        "family": family.root.name,
+        "family_seed": family_seed,
+        "seeds": list(range(seeds)),
+        "settings": settings,
+        "per_seed": per_seed,
+        "summary": summarise(per_seed),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    write_json(out / "results.json", results)
+    print(write_markdown(results, out).read_text())
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kinfolk lab experiment atlas", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (adapter init, data order)")
+    parser.add_argument("--quick", action="store_true", help="on the quick family with quick budgets")
+    parser.add_argument("--family_seed", type=int, default=0, help="seed of the family the adapters start from")
+    parser.add_argument("--cache_dir", default=None, help="lab family cache")
+    parser.add_argument("--steps", type=int, default=None, help=f"adapter steps (default {DEFAULTS['steps']})")
+    parser.add_argument("--drift_points", type=int, default=None, help="checkpoints measured per run")
+    parser.add_argument("--eval_problems", type=int, default=None, help="test problems per task")
+    parser.add_argument("--replay_ratio", type=float, default=None, help="Replay's share of retained examples")
+    parser.add_argument("--output_kl_coef", type=float, default=None, help="Output-KL's λ")
+    parser.add_argument("--out", default="runs/lab-atlas")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--progress", action="store_true", help="show the trainers' progress bars")
+    args = parser.parse_args(argv)
+    run_atlas(
+        args.out,
+        args.seeds,
+        args.quick,
+        args.family_seed,
+        args.cache_dir,
+        args.overwrite,
+        args.progress,
+        steps=args.steps,
+        drift_points=args.drift_points,
+        eval_problems=args.eval_problems,
+        replay_ratio=args.replay_ratio,
+        output_kl_coef=args.output_kl_coef,
+    )
+    return 0
