@@ -9,6 +9,7 @@ from kinfolk.callbacks.drift_log import append_row
 from kinfolk.lab.atlas_experiment import (
     CHURN_METRIC,
     COMPARATOR,
+    FORGOT_METRIC,
     KL_METRIC,
     METHODS,
     TARGET_METRIC,
@@ -19,7 +20,8 @@ from kinfolk.lab.atlas_experiment import (
 
 def _write_run(run_dir, checkpoints):
     for step, (target, kl, churn) in enumerate(checkpoints, start=1):
-        append_row(run_dir, {"step": step, TARGET_METRIC: target, KL_METRIC: kl, CHURN_METRIC: churn})
+        row = {"step": step, TARGET_METRIC: target, KL_METRIC: kl, CHURN_METRIC: churn, FORGOT_METRIC: 10 * churn}
+        append_row(run_dir, row)
 
 
 def test_matched_differences_by_hand(tmp_path):
@@ -29,19 +31,21 @@ def test_matched_differences_by_hand(tmp_path):
     _write_run(tmp_path / "lora+replay", [(0.0, 0.1, 0.1), (0.05, 0.2, 0.1)])  # never above the frozen score
     runs = {name: tmp_path / name for name in ("lora", "atlas-full", "lora+replay")}
     result = matched_differences(runs, frozen_score=0.05)
-    # shared scores 0.2 and 0.3; lowest KL reaching them: atlas 0.1, 0.3; LoRA 0.8, 0.8
+    # levels: every measured score above the frozen 0.05 up to the lower best (0.3): 0.1, 0.2, 0.3
     atlas = result["atlas-full"]
-    assert atlas["levels"] == [0.2, 0.3]
-    assert atlas["kl"]["method"] == pytest.approx(0.2) and atlas["kl"][COMPARATOR] == pytest.approx(0.8)
-    assert atlas["kl"]["difference"] == pytest.approx(-0.6)
-    # lowest churn reaching them (independently of the KL): atlas 0.1, 0.1; LoRA 0.4, 0.4
-    assert atlas["churn"]["difference"] == pytest.approx(0.1 - 0.4)
-    assert result["lora+replay"] == {"levels": []}
+    assert atlas["levels"] == [0.1, 0.2, 0.3]
+    # lowest KL among checkpoints reaching them: atlas 0.1, 0.1, 0.3; LoRA 0.5, 0.8, 0.8
+    assert atlas["kl"]["method"] == pytest.approx(0.5 / 3) and atlas["kl"][COMPARATOR] == pytest.approx(2.1 / 3)
+    assert atlas["kl"]["difference"] == pytest.approx(0.5 / 3 - 2.1 / 3)
+    # lowest churn reaching them (independently of the KL): atlas 0.1, 0.1, 0.1; LoRA 0.2, 0.4, 0.4
+    assert atlas["churn"]["difference"] == pytest.approx(0.1 - 1.0 / 3)
+    assert atlas["forgot"]["difference"] == pytest.approx(10 * (0.1 - 1.0 / 3))
+    assert result["lora+replay"] == {"levels": []}  # its best score is the frozen model's
 
     seeds = [{"final": {}, "matched": result}, {"final": {}, "matched": result}]
     summary = summarise(seeds)["matched"]
     assert summary["atlas-full"]["seeds_matched"] == 2
-    assert summary["atlas-full"]["kl"]["difference"]["estimate"] == pytest.approx(-0.6)
+    assert summary["atlas-full"]["kl"]["difference"]["estimate"] == pytest.approx(0.5 / 3 - 2.1 / 3)
     assert summary["lora+replay"]["seeds_matched"] == 0 and summary["lora+replay"]["kl"]["difference"] is None
 
 

@@ -10,10 +10,10 @@ adapters at one placement and rank learn the target skill (reversal) from the la
 At `--drift_points` checkpoints `RetainedKLCallback` logs KL(frozen ‖ current) on held retained contexts and
 `LmEvalCallback` runs the lab's lm-eval tasks: exact match on the target task, and answer churn on the retained task
 against the frozen model's answers. The comparison is the paper's protocol (`kinfolk.drift_report`): for each target
-score k that both a method and LoRA reach above the frozen model's score, each run's lowest retained KL (and lowest
-churn) among checkpoints scoring ≥ k; per seed the mean over those k, minus LoRA's. Differences are summarised over
-seeds with a percentile bootstrap (`kinfolk.stats`). `results.json`, `results.md` and every run's `drift.jsonl`
-and final adapter go to `--out`.
+score k that both a method and LoRA reach above the frozen model's score (`matched_levels`), each run's lowest
+retained KL (and lowest churn, fewest correct → wrong answers) among checkpoints scoring ≥ k; per seed the mean over
+those k, minus LoRA's. Differences are summarised over seeds with a percentile bootstrap (`kinfolk.stats`).
+`results.json`, `results.md` and every run's `drift.jsonl` and final adapter go to `--out`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file, check_destination, write_json
+from kinfolk.drift_report import Run
 from kinfolk.lab.family import Family, LabConfig, build_family
 from kinfolk.lab.report import markdown_table
 from kinfolk.lab.skills import RETAINED, TARGET
@@ -39,6 +40,8 @@ COMPARATOR = "lora"
 TARGET_METRIC = f"lm_eval/{TASKS[TARGET]}/exact_match"
 CHURN_METRIC = f"churn/{TASKS[RETAINED]}/C_rate"
 KL_METRIC = "retained_kl"
+FORGOT_METRIC = f"churn/{TASKS[RETAINED]}/F"  # retained answers the frozen model got right and the adapter gets wrong
+MEASURES = {"kl": KL_METRIC, "churn": CHURN_METRIC, "forgot": FORGOT_METRIC}
 
 
 def train_adapter(
@@ -108,15 +111,25 @@ def train_adapter(
     return trainer
 
 
+def matched_levels(method: Run, comparator: Run, frozen_score: float) -> list[float]:
+    """Target scores both runs reach: every score either run measured above the frozen model's, up to the lower
+    of the two runs' best. A run whose first checkpoint already scores above k reaches k too, so, unlike
+    `drift_report.shared_requirements`, the levels start at the frozen score, not at the higher first score."""
+    highest = min(max(target for _, target, _ in run.checkpoints) for run in (method, comparator))
+    scores = {target for run in (method, comparator) for _, target, _ in run.checkpoints}
+    return sorted(k for k in scores if frozen_score < k <= highest)
+
+
 def matched_differences(run_dirs: dict[str, Path], frozen_score: float) -> dict[str, Any]:
-    """Per method: mean lowest retained KL and churn over the target scores it and LoRA both reach above
-    `frozen_score`, LoRA's on the same scores, and the differences; computed from the runs' `drift.jsonl`."""
+    """Per method and measure (retained KL, churn, correct → wrong answers): the mean over `matched_levels` of the
+    run's lowest value among checkpoints reaching each level, LoRA's on the same levels, and the difference;
+    computed from the runs' `drift.jsonl`."""
     from kinfolk.drift_report import load_run
 
-    def runs(method: str):
+    def runs(method: str) -> dict[str, Run]:
         return {
             measure: load_run(method, "0", run_dirs[method], TARGET_METRIC, kl=key)
-            for measure, key in (("kl", KL_METRIC), ("churn", CHURN_METRIC))
+            for measure, key in MEASURES.items()
         }
 
     lora = runs(COMPARATOR)
@@ -125,24 +138,15 @@ def matched_differences(run_dirs: dict[str, Path], frozen_score: float) -> dict[
         if method == COMPARATOR:
             continue
         ours = runs(method)
-        levels = [k for k in _shared_or_empty([ours["kl"], lora["kl"]]) if k > frozen_score]
+        levels = matched_levels(ours["kl"], lora["kl"], frozen_score)
         entry: dict[str, Any] = {"levels": levels}
-        for measure in ("kl", "churn"):
+        for measure in MEASURES:
             if levels:
                 mine = float(np.mean([ours[measure].best_kl(k) for k in levels]))
                 theirs = float(np.mean([lora[measure].best_kl(k) for k in levels]))
                 entry[measure] = {"method": mine, COMPARATOR: theirs, "difference": mine - theirs}
         result[method] = entry
     return result
-
-
-def _shared_or_empty(runs) -> list[float]:
-    from kinfolk.drift_report import shared_requirements
-
-    try:
-        return shared_requirements(runs)
-    except ValueError:  # the runs' target scores do not overlap
-        return []
 
 
 def frozen_target_score(run_dir: Path) -> float:
@@ -173,6 +177,7 @@ def atlas_seed(
         final[method] = {
             "target": rows[-1][TARGET_METRIC],
             "churn": rows[-1][CHURN_METRIC],
+            "forgot": rows[-1][FORGOT_METRIC],
             "retained_kl": [row[KL_METRIC] for row in read_rows(run_dirs[method]) if KL_METRIC in row][-1],
             "seconds": round(time.perf_counter() - start, 1),
         }
@@ -195,13 +200,13 @@ def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     for method in per_seed[0]["final"]:
         summary["final"][method] = {
             key: _mean_interval([seed["final"][method][key] for seed in per_seed])
-            for key in ("target", "churn", "retained_kl")
+            for key in ("target", "churn", "forgot", "retained_kl")
         }
     for method in per_seed[0]["matched"]:
         entries = [seed["matched"][method] for seed in per_seed]
         reached = [entry for entry in entries if entry["levels"]]
         summary["matched"][method] = {"seeds_matched": len(reached)}
-        for measure in ("kl", "churn"):
+        for measure in MEASURES:
             summary["matched"][method][measure] = {
                 key: _mean_interval([entry[measure][key] for entry in reached])
                 for key in ("method", COMPARATOR, "difference")
@@ -215,57 +220,60 @@ def _interval(entry: dict[str, float] | None, digits: int = 3) -> str:
     return f"{entry['estimate']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
 
 
+MEASURE_TITLES = {
+    "kl": ("retained KL", 4),
+    "churn": ("churn (changed retained answers / N)", 3),
+    "forgot": ("retained answers turned correct → wrong (count)", 2),
+}
+
+
 def write_markdown(results: dict[str, Any], out: Path) -> Path:
     summary, settings, seeds = results["summary"], results["settings"], len(results["seeds"])
-    matched_rows = []
-    for method, entry in summary["matched"].items():
-        kl, churn = entry["kl"], entry["churn"]
-        matched_rows.append(
-            [
-                method,
-                f"{entry['seeds_matched']}/{seeds}",
-                _interval(kl["method"], 4),
-                _interval(kl[COMPARATOR], 4),
-                _interval(kl["difference"], 4),
-                _interval(churn["method"]),
-                _interval(churn[COMPARATOR]),
-                _interval(churn["difference"]),
-            ]
-        )
     body = [
         f"# ATLAS on the lab: {seeds} seeds",
         f"Family `{results['family']}` (family seed {results['family_seed']}); rank {settings['rank']}, layer "
         f"{settings['layer']} `{settings['module']}`, {settings['steps']} steps at lr {settings['learning_rate']}, "
         f"{settings['regions']} atlas regions; Replay ratio {settings['replay_ratio']}, Output-KL λ "
-        f"{settings['output_kl_coef']}; {settings['eval_problems']} test problems per task at "
+        f"{settings['output_kl_coef']}; N = {settings['eval_problems']} test problems per task at "
         f"{settings['drift_points']} checkpoints. Seeds vary the adapter initialisation, atlas fit and data order.",
         "Final checkpoint (mean over seeds, bootstrap 95 % over seeds): target exact match "
-        f"({TASKS[TARGET]}), answer churn on {TASKS[RETAINED]} vs the frozen model, retained KL.",
+        f"({TASKS[TARGET]}), answer churn and correct → wrong answers on {TASKS[RETAINED]} against the frozen "
+        "model's answers, retained KL.",
         markdown_table(
-            ["method", "target", "retained churn", "retained KL"],
+            ["method", "target", "churn", "correct → wrong", "retained KL"],
             [
-                [m, _interval(e["target"]), _interval(e["churn"]), _interval(e["retained_kl"], 4)]
+                [
+                    m,
+                    _interval(e["target"]),
+                    _interval(e["churn"]),
+                    _interval(e["forgot"], 2),
+                    _interval(e["retained_kl"], 4),
+                ]
                 for m, e in summary["final"].items()
             ],
         ),
-        "At matched target scores (each run's lowest value among checkpoints reaching k, averaged over the scores k "
-        "that the method and LoRA both reach above the frozen model; per seed, then mean over the seeds where such "
-        "k exist, bootstrap 95 % over seeds). Negative differences favour the method.",
-        markdown_table(
-            [
-                "method",
-                "seeds matched",
-                "retained KL",
-                "LoRA's KL",
-                "KL − LoRA",
-                "churn",
-                "LoRA's churn",
-                "churn − LoRA",
-            ],
-            matched_rows,
-        ),
-        f"Time: {results['seconds']} s.",
+        "At matched target scores: per seed, each run's lowest value among checkpoints scoring ≥ k, averaged over "
+        "every score k above the frozen model's that both the method and LoRA reach; then the mean over the seeds "
+        "(bootstrap 95 % over seeds). Negative differences favour the method.",
     ]
+    for measure, (title, digits) in MEASURE_TITLES.items():
+        rows = []
+        for method, entry in summary["matched"].items():
+            values = entry[measure]
+            rows.append(
+                [
+                    method,
+                    f"{entry['seeds_matched']}/{seeds}",
+                    _interval(values["method"], digits),
+                    _interval(values[COMPARATOR], digits),
+                    _interval(values["difference"], digits),
+                ]
+            )
+        body += [
+            f"Matched {title}:",
+            markdown_table(["method", "seeds matched", "method", "LoRA", "method − LoRA"], rows),
+        ]
+    body.append(f"Time: {results['seconds']} s.")
     path = out / "results.md"
     with atomic_file(path) as handle:
         handle.write("\n\n".join(body) + "\n")
