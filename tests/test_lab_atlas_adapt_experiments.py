@@ -57,7 +57,6 @@ def micro_family(tmp_path_factory):
     return build_family(LabConfig(**MICRO), cache_dir=tmp_path_factory.mktemp("lab"), progress=False)
 
 
-@pytest.mark.slow  # six adapter runs with lm-eval at every checkpoint: about a minute on a shared CPU
 def test_one_atlas_seed_runs_every_method_and_matches_its_artefacts(micro_family, tmp_path):
     from peft import AutoPeftModelForCausalLM
 

@@ -114,7 +114,13 @@ def train_adapter(
 def matched_levels(method: Run, comparator: Run, frozen_score: float) -> list[float]:
     """Target scores both runs reach: every score either run measured above the frozen model's, up to the lower
     of the two runs' best. A run whose first checkpoint already scores above k reaches k too, so, unlike
-    `drift_report.shared_requirements`, the levels start at the frozen score, not at the higher first score."""
+    `drift_report.shared_requirements`, the levels start at the frozen score, not at the higher first score.
+
+    >>> lora = Run("lora", "0", "runs/lora", [(50, 0.1, 0.5), (100, 0.3, 0.8)])
+    >>> atlas = Run("atlas", "0", "runs/atlas", [(50, 0.0, 0.1), (100, 0.2, 0.3)])
+    >>> matched_levels(atlas, lora, frozen_score=0.0)
+    [0.1, 0.2]
+    """
     highest = min(max(target for _, target, _ in run.checkpoints) for run in (method, comparator))
     scores = {target for run in (method, comparator) for _, target, _ in run.checkpoints}
     return sorted(k for k in scores if frozen_score < k <= highest)
