@@ -193,7 +193,7 @@ def _cell(entry: dict[str, float] | None, digits: int = 3) -> str:
 def write_markdown(results: dict[str, Any], out: Path) -> Path:
     settings = results["settings"]
     body = [
-        f"# ADAPT on the lab: {len(results['seeds'])} seeds",
+        f"# ADAPT on the lab: {len(results['seeds'])} seed{'s' if len(results['seeds']) != 1 else ''}",
         f"Family `{results['family']}` (family seed {results['family_seed']}); every distillation "
         f"{settings['distil_steps']} steps at lr {settings['distil_learning_rate']} on the pre-training mix; accuracy in "
         f"the variant's format over {' + '.join(POST_TRAINED_SKILLS)} ({settings['eval_problems']} test problems each); "

@@ -236,7 +236,7 @@ MEASURE_TITLES = {
 def write_markdown(results: dict[str, Any], out: Path) -> Path:
     summary, settings, seeds = results["summary"], results["settings"], len(results["seeds"])
     body = [
-        f"# ATLAS on the lab: {seeds} seeds",
+        f"# ATLAS on the lab: {seeds} seed{'s' if seeds != 1 else ''}",
         f"Family `{results['family']}` (family seed {results['family_seed']}); rank {settings['rank']}, layer "
         f"{settings['layer']} `{settings['module']}`, {settings['steps']} steps at lr {settings['learning_rate']}, "
         f"{settings['regions']} atlas regions; Replay ratio {settings['replay_ratio']}, Output-KL λ "
