@@ -207,8 +207,15 @@ def run_atlantis(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if argv[:1] in (["atlas"], ["adapt"]):  # each experiment module parses its own options
+        from importlib import import_module
+
+        return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
     parser = argparse.ArgumentParser(prog="kinfolk lab experiment", description=__doc__.split("\n")[0])
-    parser.add_argument("method", choices=["atlantis"], help="the experiment (atlas and adapt are not built yet)")
+    parser.add_argument(
+        "method", choices=["atlantis", "atlas", "adapt"], help="the experiment (atlas, adapt: see their --help)"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (pools and training runs)")
     parser.add_argument("--quick", action="store_true", help="on the quick family")
     parser.add_argument("--family_seed", type=int, default=0, help="seed of the family the runs start from")

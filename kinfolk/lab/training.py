@@ -29,9 +29,12 @@ def lab_trainer(
     seed: int = 0,
     weight_column: str | None = None,
     progress: bool = True,
+    retained_dataset: Dataset | None = None,
     **config_overrides,
 ):
-    """A `WeightedSFTTrainer` for `steps` optimiser steps of `batch_size` examples on the CPU."""
+    """A `WeightedSFTTrainer` for `steps` optimiser steps of `batch_size` examples on the CPU.
+
+    `retained_dataset` feeds the forgetting regularisers (`replay_ratio`, `output_kl_coef` in `config_overrides`)."""
     from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
     if isinstance(model, (str, Path)):
@@ -56,7 +59,9 @@ def lab_trainer(
         gradient_checkpointing=False,  # TRL turns it on by default; on models this small it only costs time
         **config_overrides,
     )
-    return WeightedSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return WeightedSFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, retained_dataset=retained_dataset
+    )
 
 
 def save_model(model: PreTrainedModel, tokenizer, out: str | Path) -> Path:

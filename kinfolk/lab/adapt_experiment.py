@@ -1,0 +1,297 @@
+"""`kinfolk lab experiment adapt --seeds N`: ADAPT's transfers against direct distillation of each variant, per size.
+
+Per seed (distillation data order and initialisation of every distillation; the family stays the one of
+`--family_seed`), `kinfolk.lab.demo.adapt_stage` distils the base student from the teacher, applies the weight delta
+(distilled − init) to each post-trained variant's layer-dropped student, and patches every size back towards the
+variant (`patch --all`: k = 0 is the delta-transferred student, k = M the variant itself). The baseline at every
+size below the teacher's is the variant's own student of the same layers distilled directly from the variant, with
+the same steps, data and seed (what the transfer saves). Every model is measured on the variant's style: accuracy
+(correct answer in the variant's format) over the post-trained skills' test problems, and KL(variant ‖ model) over
+the response tokens of the variant's own data. Differences transfer − direct are summarised over seeds with a
+percentile bootstrap (`kinfolk.stats`); `results.json`, `results.md` and every model go to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kinfolk.atomic import atomic_file, check_destination, write_json
+from kinfolk.lab.family import POST_TRAINED_SKILLS, Family, LabConfig, build_family
+from kinfolk.lab.report import markdown_table
+from kinfolk.stats import bootstrap_interval
+
+
+def distil(student: Path, teacher: Path, family: Family, steps: int, learning_rate: float, seed: int, out: Path):
+    """`DistillationTrainer` from `student` towards `teacher` on the lab's pre-training mix, saved at `out`."""
+    from kinfolk.trainers import DistillationConfig, DistillationTrainer
+
+    tokenizer = family.tokenizer()
+    with tempfile.TemporaryDirectory() as scratch:
+        args = DistillationConfig(
+            output_dir=scratch,
+            use_cpu=True,
+            bf16=False,
+            max_steps=steps,
+            per_device_train_batch_size=32,
+            learning_rate=learning_rate,
+            max_length=64,
+            save_strategy="no",
+            report_to=[],
+            seed=seed,
+            logging_steps=max(1, steps // 5),
+            disable_tqdm=True,
+            warmup_steps=min(50, steps // 10),
+            gradient_checkpointing=False,
+        )
+        trainer = DistillationTrainer(
+            model=str(student),
+            teacher_model=str(teacher),
+            args=args,
+            train_dataset=family.pretraining(32 * steps),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        trainer.save_model(scratch + "/distilled")
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(scratch + "/distilled", out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def teacher_kl(model, teacher, batches: list[dict[str, torch.Tensor]]) -> float:
+    """KL(teacher ‖ model) per response token, pooled over `batches` (`kinfolk.divergence`)."""
+    from kinfolk.divergence import ReferenceModel, token_divergence
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            result = token_divergence(
+                model, batch["input_ids"], batch["attention_mask"], batch["labels"], frozen=ReferenceModel(teacher)
+            )
+            total += float(result.values[result.mask].sum())
+            count += int(result.mask.sum())
+    return total / count
+
+
+def measure(path: Path, teacher, batches, family: Family, eval_problems: int, seed: int, format_index: int) -> dict:
+    """Accuracy in the variant's style per post-trained skill, their mean, and KL to the variant (`teacher`)."""
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.lab.evaluate import skill_scores
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    scores = skill_scores(model, family.tokenizer(), POST_TRAINED_SKILLS, eval_problems, seed, format_index)
+    return {
+        "path": str(path),
+        "layers": model.config.num_hidden_layers,
+        "accuracy": float(np.mean([scores[skill]["accuracy"] for skill in POST_TRAINED_SKILLS])),
+        "scores": scores,
+        "teacher_kl": teacher_kl(model, teacher, batches),
+    }
+
+
+def adapt_seed(family: Family, seed: int, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The transfers of `adapt_stage` and the direct distillations of one seed, every model measured."""
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.callbacks.retained_kl import retained_batches
+    from kinfolk.lab.demo import DemoConfig, Progress, adapt_stage
+    from kinfolk.plugins.adapt import merge
+
+    root = out / f"seed-{seed}"
+    config = DemoConfig(
+        seed=seed,
+        distil_steps=settings["distil_steps"],
+        distil_learning_rate=settings["distil_learning_rate"],
+        eval_problems=settings["eval_problems"],
+    )
+    print(f"[kinfolk lab experiment adapt] seed {seed}: delta transfer and patching", flush=True)
+    stage = adapt_stage(family, config, root, Progress(False))
+    variants = {}
+    for name, entry in stage["variants"].items():
+        variant, format_index = family.variants[name], entry["format_index"]
+        teacher = AutoModelForCausalLM.from_pretrained(variant)
+        batches = retained_batches(
+            family.instruct_data(settings["kl_examples"], format_index=format_index), family.tokenizer()
+        )
+        sizes = json.loads((root / "adapt" / f"family-{name}" / "family.json").read_text())["models"]
+        rows = []
+        for size in sizes:
+            transfer = root / "adapt" / f"family-{name}" / size["dir"]
+            row = {
+                "k": size["k"],
+                "teacher_layers": size["teacher_layers"],
+                "transfer": measure(transfer, teacher, batches, family, config.eval_problems, seed, format_index),
+            }
+            if size["teacher_layers"] != list(range(teacher.config.num_hidden_layers)):
+                print(
+                    f"[kinfolk lab experiment adapt] seed {seed}: {name} distilled directly at layers "
+                    f"{size['teacher_layers']}",
+                    flush=True,
+                )
+                init = root / "direct" / f"init-{name}-{size['dir']}"
+                merge(
+                    {"op": "init-student", "teacher": str(variant), "layers": {"layers": size["teacher_layers"]}},
+                    init,
+                    True,
+                    progress=False,
+                )
+                direct = distil(
+                    init,
+                    variant,
+                    family,
+                    config.distil_steps,
+                    config.distil_learning_rate,
+                    seed,
+                    root / "direct" / f"{name}-{size['dir']}",
+                )
+                row["direct"] = measure(direct, teacher, batches, family, config.eval_problems, seed, format_index)
+            rows.append(row)
+        variants[name] = {"format_index": format_index, "sizes": rows}
+    return {"variants": variants}
+
+
+def _interval(values: list[float]) -> dict[str, float]:
+    return bootstrap_interval(lambda x: float(x.mean()), values).as_dict()
+
+
+def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per variant and size, over seeds: transfer and direct accuracy and KL, and transfer − direct."""
+    summary: dict[str, Any] = {}
+    for name, entry in per_seed[0]["variants"].items():
+        sizes = []
+        for index, row in enumerate(entry["sizes"]):
+            seeds = [seed["variants"][name]["sizes"][index] for seed in per_seed]
+            cell: dict[str, Any] = {"k": row["k"], "layers": row["transfer"]["layers"]}
+            for metric in ("accuracy", "teacher_kl"):
+                cell[metric] = {"transfer": _interval([s["transfer"][metric] for s in seeds])}
+                if "direct" in row:
+                    cell[metric]["direct"] = _interval([s["direct"][metric] for s in seeds])
+                    cell[metric]["difference"] = _interval(
+                        [s["transfer"][metric] - s["direct"][metric] for s in seeds]
+                    )
+            sizes.append(cell)
+        summary[name] = sizes
+    return summary
+
+
+def _cell(entry: dict[str, float] | None, digits: int = 3) -> str:
+    if entry is None:
+        return "—"
+    return f"{entry['estimate']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def write_markdown(results: dict[str, Any], out: Path) -> Path:
+    settings = results["settings"]
+    body = [
+        f"# ADAPT on the lab: {len(results['seeds'])} seed{'s' if len(results['seeds']) != 1 else ''}",
+        f"Family `{results['family']}` (family seed {results['family_seed']}); every distillation "
+        f"{settings['distil_steps']} steps at lr {settings['distil_learning_rate']} on the pre-training mix; accuracy in "
+        f"the variant's format over {' + '.join(POST_TRAINED_SKILLS)} ({settings['eval_problems']} test problems each); "
+        f"KL(variant ‖ model) per response token over {settings['kl_examples']} of the variant's own examples. "
+        "k = 0 is the delta-transferred student, k > 0 the cross-patched sizes, the largest k the variant itself. "
+        "Mean over seeds with bootstrap 95 % intervals over seeds.",
+    ]
+    for name, sizes in results["summary"].items():
+        rows = [
+            [
+                cell["k"],
+                cell["layers"],
+                _cell(cell["accuracy"]["transfer"]),
+                _cell(cell["accuracy"].get("direct")),
+                _cell(cell["accuracy"].get("difference")),
+                _cell(cell["teacher_kl"]["transfer"], 4),
+                _cell(cell["teacher_kl"].get("direct"), 4),
+                _cell(cell["teacher_kl"].get("difference"), 4),
+            ]
+            for cell in sizes
+        ]
+        body += [
+            f"Variant `{name}`:",
+            markdown_table(
+                [
+                    "k",
+                    "layers",
+                    "accuracy: transfer",
+                    "direct distillation",
+                    "transfer − direct",
+                    "KL: transfer",
+                    "direct",
+                    "transfer − direct",
+                ],
+                rows,
+            ),
+        ]
+    body.append(f"Time: {results['seconds']} s.")
+    path = out / "results.md"
+    with atomic_file(path) as handle:
+        handle.write("\n\n".join(body) + "\n")
+    return path
+
+
+DEFAULTS = {"distil_steps": 300, "distil_learning_rate": 2e-3, "eval_problems": 200, "kl_examples": 256}
+QUICK = {"distil_steps": 80, "eval_problems": 100}
+
+
+def run_adapt(
+    out: str | Path,
+    seeds: int = 3,
+    quick: bool = False,
+    family_seed: int = 0,
+    cache_dir: str | None = None,
+    overwrite: bool = False,
+    **overrides,
+) -> dict[str, Any]:
+    out = check_destination(out, overwrite)
+    start = time.perf_counter()
+    settings = DEFAULTS | (QUICK if quick else {}) | {k: v for k, v in overrides.items() if v is not None}
+    config = LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed)
+    family = build_family(config, cache_dir=cache_dir, progress=False)
+    per_seed = [adapt_seed(family, seed, out, settings) for seed in range(seeds)]
+    results = {
+        "family": family.root.name,
+        "family_seed": family_seed,
+        "seeds": list(range(seeds)),
+        "settings": settings,
+        "per_seed": per_seed,
+        "summary": summarise(per_seed),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    write_json(out / "results.json", results)
+    print(write_markdown(results, out).read_text())
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kinfolk lab experiment adapt", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (distillation data order and init)")
+    parser.add_argument("--quick", action="store_true", help="on the quick family with quick budgets")
+    parser.add_argument("--family_seed", type=int, default=0, help="seed of the family")
+    parser.add_argument("--cache_dir", default=None, help="lab family cache")
+    parser.add_argument("--distil_steps", type=int, default=None, help=f"default {DEFAULTS['distil_steps']}")
+    parser.add_argument("--eval_problems", type=int, default=None, help="test problems per skill")
+    parser.add_argument("--kl_examples", type=int, default=None, help="variant examples the KL is measured on")
+    parser.add_argument("--out", default="runs/lab-adapt")
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    run_adapt(
+        args.out,
+        args.seeds,
+        args.quick,
+        args.family_seed,
+        args.cache_dir,
+        args.overwrite,
+        distil_steps=args.distil_steps,
+        eval_problems=args.eval_problems,
+        kl_examples=args.kl_examples,
+    )
+    return 0
