@@ -15,56 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from kinfolk.atomic import atomic_file, check_destination, write_json
-from kinfolk.lab.family import POST_TRAINED_SKILLS, Family, LabConfig, build_family
+from kinfolk.lab.family import POST_TRAINED_SKILLS, Family, LabConfig
 from kinfolk.lab.report import markdown_table
+from kinfolk.lab.seeded import run_over_seeds, seeds_title
+from kinfolk.lab.training import lab_distil
 from kinfolk.stats import bootstrap_interval
-
-
-def distil(student: Path, teacher: Path, family: Family, steps: int, learning_rate: float, seed: int, out: Path):
-    """`DistillationTrainer` from `student` towards `teacher` on the lab's pre-training mix, saved at `out`."""
-    from kinfolk.trainers import DistillationConfig, DistillationTrainer
-
-    tokenizer = family.tokenizer()
-    with tempfile.TemporaryDirectory() as scratch:
-        args = DistillationConfig(
-            output_dir=scratch,
-            use_cpu=True,
-            bf16=False,
-            max_steps=steps,
-            per_device_train_batch_size=32,
-            learning_rate=learning_rate,
-            max_length=64,
-            save_strategy="no",
-            report_to=[],
-            seed=seed,
-            logging_steps=max(1, steps // 5),
-            disable_tqdm=True,
-            warmup_steps=min(50, steps // 10),
-            gradient_checkpointing=False,
-        )
-        trainer = DistillationTrainer(
-            model=str(student),
-            teacher_model=str(teacher),
-            args=args,
-            train_dataset=family.pretraining(32 * steps),
-            processing_class=tokenizer,
-        )
-        trainer.train()
-        trainer.save_model(scratch + "/distilled")
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.copytree(scratch + "/distilled", out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def teacher_kl(model, teacher, batches: list[dict[str, torch.Tensor]]) -> float:
@@ -145,14 +106,16 @@ def adapt_seed(family: Family, seed: int, out: Path, settings: dict[str, Any]) -
                     True,
                     progress=False,
                 )
-                direct = distil(
+                direct = lab_distil(
                     init,
                     variant,
-                    family,
+                    family.pretraining(32 * config.distil_steps),
+                    family.tokenizer(),
+                    root / "direct" / f"{name}-{size['dir']}",
                     config.distil_steps,
                     config.distil_learning_rate,
-                    seed,
-                    root / "direct" / f"{name}-{size['dir']}",
+                    seed=seed,
+                    progress=False,
                 )
                 row["direct"] = measure(direct, teacher, batches, family, config.eval_problems, seed, format_index)
             rows.append(row)
@@ -190,10 +153,10 @@ def _cell(entry: dict[str, float] | None, digits: int = 3) -> str:
     return f"{entry['estimate']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
 
 
-def write_markdown(results: dict[str, Any], out: Path) -> Path:
+def markdown(results: dict[str, Any]) -> list[str]:
     settings = results["settings"]
     body = [
-        f"# ADAPT on the lab: {len(results['seeds'])} seed{'s' if len(results['seeds']) != 1 else ''}",
+        seeds_title("ADAPT", len(results["seeds"])),
         f"Family `{results['family']}` (family seed {results['family_seed']}); every distillation "
         f"{settings['distil_steps']} steps at lr {settings['distil_learning_rate']} on the pre-training mix; accuracy in "
         f"the variant's format over {' + '.join(POST_TRAINED_SKILLS)} ({settings['eval_problems']} test problems each); "
@@ -231,11 +194,7 @@ def write_markdown(results: dict[str, Any], out: Path) -> Path:
                 rows,
             ),
         ]
-    body.append(f"Time: {results['seconds']} s.")
-    path = out / "results.md"
-    with atomic_file(path) as handle:
-        handle.write("\n\n".join(body) + "\n")
-    return path
+    return body
 
 
 DEFAULTS = {"distil_steps": 300, "distil_learning_rate": 2e-3, "eval_problems": 200, "kl_examples": 256}
@@ -251,24 +210,19 @@ def run_adapt(
     overwrite: bool = False,
     **overrides,
 ) -> dict[str, Any]:
-    out = check_destination(out, overwrite)
-    start = time.perf_counter()
     settings = DEFAULTS | (QUICK if quick else {}) | {k: v for k, v in overrides.items() if v is not None}
-    config = LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed)
-    family = build_family(config, cache_dir=cache_dir, progress=False)
-    per_seed = [adapt_seed(family, seed, out, settings) for seed in range(seeds)]
-    results = {
-        "family": family.root.name,
-        "family_seed": family_seed,
-        "seeds": list(range(seeds)),
-        "settings": settings,
-        "per_seed": per_seed,
-        "summary": summarise(per_seed),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    write_json(out / "results.json", results)
-    print(write_markdown(results, out).read_text())
-    return results
+    return run_over_seeds(
+        "adapt",
+        out,
+        seeds,
+        LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed),
+        settings,
+        lambda family, seed: adapt_seed(family, seed, Path(out), settings),
+        summarise,
+        markdown,
+        cache_dir=cache_dir,
+        overwrite=overwrite,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

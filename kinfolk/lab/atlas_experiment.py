@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.atomic import atomic_file, check_destination, write_json
 from kinfolk.drift_report import Run
-from kinfolk.lab.family import Family, LabConfig, build_family
+from kinfolk.lab.family import Family, LabConfig
 from kinfolk.lab.report import markdown_table
+from kinfolk.lab.seeded import run_over_seeds, seeds_title
 from kinfolk.lab.skills import RETAINED, TARGET
 from kinfolk.lab.tasks import TASKS
 from kinfolk.stats import bootstrap_interval
@@ -37,6 +37,7 @@ from kinfolk.stats import bootstrap_interval
 ATLAS_RESIDUALS = {"atlas-plain": "plain", "atlas-centered": "centered", "atlas-full": "atlas"}
 METHODS = (*ATLAS_RESIDUALS, "lora", "lora+replay", "lora+output-kl")
 COMPARATOR = "lora"
+REGULARISER_OPTIONS = {"lora+replay": "replay_ratio", "lora+output-kl": "output_kl_coef"}  # WeightedSFTConfig fields
 TARGET_METRIC = f"lm_eval/{TASKS[TARGET]}/exact_match"
 CHURN_METRIC = f"churn/{TASKS[RETAINED]}/C_rate"
 KL_METRIC = "retained_kl"
@@ -77,10 +78,8 @@ def train_adapter(
     )
     if method in ATLAS_RESIDUALS:
         fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=seed)
-    regulariser = {
-        "lora+replay": {"replay_ratio": settings["replay_ratio"]},
-        "lora+output-kl": {"output_kl_coef": settings["output_kl_coef"]},
-    }.get(method, {})
+    option = REGULARISER_OPTIONS.get(method)
+    regulariser = {option: settings[option]} if option else {}
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = lab_trainer(
         model,
@@ -233,10 +232,10 @@ MEASURE_TITLES = {
 }
 
 
-def write_markdown(results: dict[str, Any], out: Path) -> Path:
+def markdown(results: dict[str, Any]) -> list[str]:
     summary, settings, seeds = results["summary"], results["settings"], len(results["seeds"])
     body = [
-        f"# ATLAS on the lab: {seeds} seed{'s' if seeds != 1 else ''}",
+        seeds_title("ATLAS", seeds),
         f"Family `{results['family']}` (family seed {results['family_seed']}); rank {settings['rank']}, layer "
         f"{settings['layer']} `{settings['module']}`, {settings['steps']} steps at lr {settings['learning_rate']}, "
         f"{settings['regions']} atlas regions; Replay ratio {settings['replay_ratio']}, Output-KL λ "
@@ -279,11 +278,7 @@ def write_markdown(results: dict[str, Any], out: Path) -> Path:
             f"Matched {title}:",
             markdown_table(["method", "seeds matched", "method", "LoRA", "method − LoRA"], rows),
         ]
-    body.append(f"Time: {results['seconds']} s.")
-    path = out / "results.md"
-    with atomic_file(path) as handle:
-        handle.write("\n\n".join(body) + "\n")
-    return path
+    return body
 
 
 DEFAULTS = {
@@ -313,24 +308,20 @@ def run_atlas(
     progress: bool = False,
     **overrides,
 ) -> dict[str, Any]:
-    out = check_destination(out, overwrite)
-    start = time.perf_counter()
     settings = DEFAULTS | (QUICK if quick else {}) | {k: v for k, v in overrides.items() if v is not None}
-    config = LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed)
-    family = build_family(config, cache_dir=cache_dir, progress=progress)
-    per_seed = [atlas_seed(family, seed, out, settings, progress) for seed in range(seeds)]
-    results = {
-        "family": family.root.name,
-        "family_seed": family_seed,
-        "seeds": list(range(seeds)),
-        "settings": settings,
-        "per_seed": per_seed,
-        "summary": summarise(per_seed),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    write_json(out / "results.json", results)
-    print(write_markdown(results, out).read_text())
-    return results
+    return run_over_seeds(
+        "atlas",
+        out,
+        seeds,
+        LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed),
+        settings,
+        lambda family, seed: atlas_seed(family, seed, Path(out), settings, progress),
+        summarise,
+        markdown,
+        cache_dir=cache_dir,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

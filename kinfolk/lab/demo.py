@@ -7,7 +7,8 @@ Reads top to bottom, one stage per method, each built from kinfolk's own compone
    weights are compared with the true ratio p*/p_d (Spearman, ESS) for every formula, then `WeightedSFTTrainer`
    trains the large base on the pool with uniform weights, ATLANTIS weights and the true ratio (oracle);
 3. ATLAS: `fit_atlas` on retained (copying) data, then an ATLAS and a LoRA adapter at the same placement and rank
-   learn the target skill (reversal) with `RetainedKLCallback` tracking KL(frozen ‖ current) on retained contexts;
+   learn the target skill (reversal) with `RetainedKLCallback` tracking KL(frozen ‖ current) on retained contexts
+   and `LmEvalCallback` the target score (one seed of `kinfolk lab experiment atlas`, its two main methods);
 4. ADAPT: `merge` init-student (teacher and both variants), `DistillationTrainer` distils the base student, the
    weight delta is applied to each variant's student, and `patch --all` rebuilds every size of each variant;
 5. evaluation: every trained model on every skill (greedy, own evaluator) and with the lab's lm-eval tasks;
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +35,7 @@ from kinfolk.atomic import check_destination, write_json
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.family import BRACKET_FORMAT, POST_TRAINED_SKILLS, Family, LabConfig, build_family
 from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
-from kinfolk.lab.training import lab_trainer, save_model
+from kinfolk.lab.training import lab_distil, lab_trainer, save_model
 from kinfolk.stats import effective_sample_size, spearman
 
 RESULTS_FILE = "results.json"
@@ -179,84 +179,52 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
 
 # ---------------------------------------------------------------------------------------------------- ATLAS
 def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
-    from peft import get_peft_model
-
-    from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
     from kinfolk.callbacks.drift_log import read_rows
-    from kinfolk.drift_report import load_run, shared_requirements, target_matched
-    from kinfolk.lab.tasks import TASKS
-    from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
-    from kinfolk.plugins.atlas.comparators import matching_lora_config
+    from kinfolk.drift_report import load_run, target_matched
+    from kinfolk.lab.atlas_experiment import TARGET_METRIC, matched_levels, train_adapter
 
     tokenizer = family.tokenizer()
-    retained, retained_eval, target = family.retained(512), family.retained(128), family.target_train(1024)
-    atlas_config = AtlasConfig(
-        r=config.adapter_rank,
-        residual="atlas",
-        num_regions=config.atlas_regions,
-        layers_to_transform=[config.adapter_layer],
-        target_modules=[config.adapter_module],
-    )
-    target_metric = f"lm_eval/{TASKS[TARGET]}/exact_match"
+    settings = {
+        "rank": config.adapter_rank,
+        "layer": config.adapter_layer,
+        "module": config.adapter_module,
+        "regions": config.atlas_regions,
+        "steps": config.adapter_steps,
+        "learning_rate": config.adapter_learning_rate,
+        "drift_points": config.drift_points,
+        "eval_problems": config.eval_problems,
+        "target_examples": 1024,
+        "retained_examples": 512,
+    }
     results: dict[str, Any] = {
         "scores": {"large_base": family.scores["large_base"]},
         "retained_kl": {},
         "target_curve": {},
     }
-    for method in ("atlas", "lora"):
-        base = family.load("large_base")
-        peft_config = atlas_config if method == "atlas" else matching_lora_config(base, atlas_config)
-        model = get_peft_model(base, peft_config)
-        if method == "atlas":
-            say(f"ATLAS: fitting the atlas ({config.atlas_regions} regions) on {len(retained)} retained examples")
-            fit_atlas(model, retained, tokenizer=tokenizer, progress=False, seed=config.seed)
+    for method, experiment_method in (("atlas", "atlas-full"), ("lora", "lora")):
         say(
-            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer} {config.adapter_module}) learns "
-            f"{TARGET} ({config.adapter_steps} steps)"
+            f"ATLAS: {method} adapter (rank {config.adapter_rank}, layer {config.adapter_layer} "
+            f"{config.adapter_module}) learns {TARGET} ({config.adapter_steps} steps)"
+            + (f", atlas of {config.atlas_regions} regions fitted on retained data first" if method == "atlas" else "")
         )
         run_dir = out / "runs" / method
-        shutil.rmtree(run_dir, ignore_errors=True)
-        trainer = lab_trainer(
-            model,
-            target,
-            tokenizer,
-            run_dir,
-            config.adapter_steps,
-            config.adapter_learning_rate,
-            seed=config.seed,
-            progress=say.enabled,
-        )
-        every = max(1, config.adapter_steps // config.drift_points)
-        trainer.add_callback(RetainedKLCallback(trainer, retained_eval, every_n_steps=every, measure_at_start=True))
-        # the target score at the same steps, so the methods can be compared at matched target scores
-        trainer.add_callback(
-            LmEvalCallback(
-                trainer,
-                [TASKS[TARGET]],
-                limit=config.eval_problems,
-                every_n_steps=every,
-                churn=False,
-                include_defaults=False,
-                batch_size=64,
-            )
-        )
-        trainer.train()
+        trainer = train_adapter(family, experiment_method, config.seed, run_dir, settings, progress=say.enabled)
         rows = read_rows(run_dir)
         results["retained_kl"][method] = [[row["step"], row["retained_kl"]] for row in rows if "retained_kl" in row]
-        results["target_curve"][method] = [[row["step"], row[target_metric]] for row in rows if target_metric in row]
+        results["target_curve"][method] = [[row["step"], row[TARGET_METRIC]] for row in rows if TARGET_METRIC in row]
         saved = save_model(trainer.model, tokenizer, out / "models" / method)
         results["scores"][method] = skill_scores(
             load_saved(saved), tokenizer, n=config.eval_problems, seed=config.seed
         )
     # kinfolk drift's protocol: each method's lowest retained KL among checkpoints reaching each target score
-    runs = [load_run(method, str(config.seed), out / "runs" / method, target_metric) for method in ("atlas", "lora")]
-    # only target scores above the frozen model's count as learning the target skill
-    frozen_score = family.scores["large_base"][TARGET]["accuracy"]
+    atlas, lora = (
+        load_run(method, str(config.seed), out / "runs" / method, TARGET_METRIC) for method in ("atlas", "lora")
+    )
+    levels = matched_levels(atlas, lora, frozen_score=family.scores["large_base"][TARGET]["accuracy"])
     try:
-        levels = [level for level in shared_requirements(runs) if level > frozen_score]
         if not levels:
-            raise ValueError(f"no target score above the frozen model's ({frozen_score:.2f}) is reached by both runs")
-        results["target_matched"] = target_matched(runs, "atlas", requirements=levels)
+            raise ValueError("no target score above the frozen model's is reached by both runs")
+        results["target_matched"] = target_matched([atlas, lora], "atlas", requirements=levels)
     except ValueError as error:  # or a run reaches them with zero KL
         results["target_matched"] = {"error": str(error)}
     return results
@@ -267,7 +235,6 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
     from transformers import AutoModelForCausalLM
 
     from kinfolk.plugins.adapt import merge
-    from kinfolk.trainers import DistillationConfig, DistillationTrainer
 
     tokenizer, root = family.tokenizer(), out / "adapt"
     teacher = family.teacher
@@ -282,35 +249,17 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
             progress=False,
         )
     say(f"ADAPT: distilling the base student from the teacher ({config.distil_steps} steps)")
-    with tempfile.TemporaryDirectory() as scratch:
-        args = DistillationConfig(
-            output_dir=scratch,
-            use_cpu=True,
-            bf16=False,
-            max_steps=config.distil_steps,
-            per_device_train_batch_size=32,
-            learning_rate=config.distil_learning_rate,
-            max_length=64,
-            save_strategy="no",
-            report_to=[],
-            seed=config.seed,
-            logging_steps=max(1, config.distil_steps // 5),
-            disable_tqdm=not say.enabled,
-            warmup_steps=min(50, config.distil_steps // 10),
-            gradient_checkpointing=False,
-        )
-        trainer = DistillationTrainer(
-            model=str(root / "init-base"),
-            teacher_model=str(teacher),
-            args=args,
-            train_dataset=family.pretraining(32 * config.distil_steps),
-            processing_class=tokenizer,
-        )
-        trainer.train()
-        trainer.save_model(scratch + "/distilled")
-        shutil.rmtree(root / "distilled-base", ignore_errors=True)
-        shutil.copytree(scratch + "/distilled", root / "distilled-base")
-    tokenizer.save_pretrained(root / "distilled-base")
+    lab_distil(
+        root / "init-base",
+        teacher,
+        family.pretraining(32 * config.distil_steps),
+        tokenizer,
+        root / "distilled-base",
+        config.distil_steps,
+        config.distil_learning_rate,
+        seed=config.seed,
+        progress=say.enabled,
+    )
     say("ADAPT: delta = distilled - init; applied to each variant's student; every size patched")
     merge(
         {"op": "delta", "init": str(root / "init-base"), "distilled": str(root / "distilled-base")},

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kinfolk.atomic import atomic_file, check_destination, write_json
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import generate_responses
-from kinfolk.lab.family import POST_TRAINED_SKILLS, Family, LabConfig, build_family
+from kinfolk.lab.family import POST_TRAINED_SKILLS, Family, LabConfig
 from kinfolk.lab.report import markdown_table
+from kinfolk.lab.seeded import run_over_seeds, seeds_title
 from kinfolk.lab.skills import SKILLS, render
 from kinfolk.lab.training import lab_trainer
 from kinfolk.stats import bootstrap_interval, effective_sample_size, spearman
@@ -125,13 +124,13 @@ def _interval(entry: dict[str, float]) -> str:
     return f"{entry['estimate']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
 
 
-def write_markdown(results: dict[str, Any], out: Path) -> Path:
-    summary = results["summary"]
+def markdown(results: dict[str, Any]) -> list[str]:
+    summary, settings = results["summary"], results["settings"]
     methods = list(summary["accuracy"])
-    body = [
-        f"# ATLANTIS on the lab: {len(results['seeds'])} seeds",
-        f"Family `{results['family']}`; pool {results['pool_size']} rows; {results['steps']} SFT steps per run; "
-        f"weights normalised per `{results['normalization']}`, temperature {results['temperature']}. "
+    return [
+        seeds_title("ATLANTIS", len(results["seeds"])),
+        f"Family `{results['family']}`; pool {settings['pool_size']} rows; {settings['steps']} SFT steps per run; "
+        f"weights normalised per `{settings['normalization']}`, temperature {settings['temperature']}. "
         "Accuracy: correct answer in the preferred format over "
         f"{' + '.join(POST_TRAINED_SKILLS)} test problems; intervals: paired percentile bootstrap (95 %) over "
         "(seed, problem) units.",
@@ -154,12 +153,7 @@ def write_markdown(results: dict[str, Any], out: Path) -> Path:
                 for key, d in summary["diagnostics"].items()
             ],
         ),
-        f"Time: {results['seconds']} s.",
     ]
-    path = out / "results.md"
-    with atomic_file(path) as handle:
-        handle.write("\n\n".join(body) + "\n")
-    return path
 
 
 def run_atlantis(
@@ -177,33 +171,27 @@ def run_atlantis(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    out = check_destination(out, overwrite)
-    start = time.perf_counter()
-    config = LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed)
-    family = build_family(config, cache_dir=cache_dir, progress=progress)
-    per_seed = []
-    for seed in range(seeds):
-        print(f"[kinfolk lab experiment atlantis] seed {seed}", flush=True)
-        per_seed.append(
-            atlantis_seed(
-                family, seed, pool_size, steps, learning_rate, normalization, temperature, eval_problems, progress
-            )
-        )
-    results = {
-        "family": family.root.name,
-        "seeds": list(range(seeds)),
+    settings = {
         "pool_size": pool_size,
         "steps": steps,
+        "learning_rate": learning_rate,
         "normalization": normalization,
         "temperature": temperature,
-        "per_seed": per_seed,
-        "summary": summarise(per_seed),
-        "seconds": round(time.perf_counter() - start, 1),
+        "eval_problems": eval_problems,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", results)
-    print(write_markdown(results, out).read_text())
-    return results
+    return run_over_seeds(
+        "atlantis",
+        out,
+        seeds,
+        LabConfig.quick_config(seed=family_seed) if quick else LabConfig(seed=family_seed),
+        settings,
+        lambda family, seed: atlantis_seed(family, seed, **settings, progress=progress),
+        summarise,
+        markdown,
+        cache_dir=cache_dir,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
