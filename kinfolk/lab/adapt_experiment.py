@@ -3,12 +3,17 @@
 Per seed (distillation data order and initialisation of every distillation; the family stays the one of
 `--family_seed`), `kinfolk.lab.demo.adapt_stage` distils the base student from the teacher, applies the weight delta
 (distilled − init) to each post-trained variant's layer-dropped student, and patches every size back towards the
-variant (`patch --all`: k = 0 is the delta-transferred student, k = M the variant itself). The baseline at every
-size below the teacher's is the variant's own student of the same layers distilled directly from the variant, with
-the same steps, data and seed (what the transfer saves). Every model is measured on the variant's style: accuracy
-(correct answer in the variant's format) over the post-trained skills' test problems, and KL(variant ‖ model) over
-the response tokens of the variant's own data. Differences transfer − direct are summarised over seeds with a
-percentile bootstrap (`kinfolk.stats`); `results.json`, `results.md` and every model go to `--out`.
+variant (`patch --all`: k = 0 is the delta-transferred student, k = M the variant itself). Two baselines per size:
+
+- cross-patch (the paper's compute-matched baseline): the same patching of variant blocks into the distilled *base*
+  student, without the delta (k = 0 is the distilled base student itself);
+- direct distillation (the paper's upper bound, below the teacher's size only): the variant's own student of the
+  same layers distilled directly from the variant, with the same steps, data and seed (what the transfer saves).
+
+Every model is measured on the variant's style: accuracy (correct answer in the variant's format) over the
+post-trained skills' test problems, and KL(variant ‖ model) over the response tokens of the variant's own data.
+Differences transfer − baseline are summarised over seeds with a percentile bootstrap (`kinfolk.stats`);
+`results.json`, `results.md` and every model go to `--out`.
 """
 
 from __future__ import annotations
@@ -84,14 +89,32 @@ def adapt_seed(family: Family, seed: int, out: Path, settings: dict[str, Any]) -
         batches = retained_batches(
             family.instruct_data(settings["kl_examples"], format_index=format_index), family.tokenizer()
         )
+        cross = root / "adapt" / f"cross-{name}"
+        merge(
+            {
+                "op": "patch",
+                "teacher": str(variant),
+                "student": str(root / "adapt" / "distilled-base"),
+                "order": "back-to-front",
+            },
+            cross,
+            True,
+            all_sizes=True,
+            progress=False,
+        )
         sizes = json.loads((root / "adapt" / f"family-{name}" / "family.json").read_text())["models"]
+        cross_sizes = json.loads((cross / "family.json").read_text())["models"]
         rows = []
-        for size in sizes:
+        for size, cross_size in zip(sizes, cross_sizes, strict=True):
+            assert cross_size["teacher_layers"] == size["teacher_layers"]  # one layer map, one patching order
             transfer = root / "adapt" / f"family-{name}" / size["dir"]
             row = {
                 "k": size["k"],
                 "teacher_layers": size["teacher_layers"],
                 "transfer": measure(transfer, teacher, batches, family, config.eval_problems, seed, format_index),
+                "cross_patch": measure(
+                    cross / cross_size["dir"], teacher, batches, family, config.eval_problems, seed, format_index
+                ),
             }
             if size["teacher_layers"] != list(range(teacher.config.num_hidden_layers)):
                 print(
@@ -128,7 +151,7 @@ def _interval(values: list[float]) -> dict[str, float]:
 
 
 def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per variant and size, over seeds: transfer and direct accuracy and KL, and transfer − direct."""
+    """Per variant and size, over seeds: accuracy and KL of the transfer and of each baseline, and transfer − baseline."""
     summary: dict[str, Any] = {}
     for name, entry in per_seed[0]["variants"].items():
         sizes = []
@@ -137,11 +160,12 @@ def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             cell: dict[str, Any] = {"k": row["k"], "layers": row["transfer"]["layers"]}
             for metric in ("accuracy", "teacher_kl"):
                 cell[metric] = {"transfer": _interval([s["transfer"][metric] for s in seeds])}
-                if "direct" in row:
-                    cell[metric]["direct"] = _interval([s["direct"][metric] for s in seeds])
-                    cell[metric]["difference"] = _interval(
-                        [s["transfer"][metric] - s["direct"][metric] for s in seeds]
-                    )
+                for baseline in BASELINES:
+                    if baseline in row:
+                        cell[metric][baseline] = _interval([s[baseline][metric] for s in seeds])
+                        cell[metric][f"transfer - {baseline}"] = _interval(
+                            [s["transfer"][metric] - s[baseline][metric] for s in seeds]
+                        )
             sizes.append(cell)
         summary[name] = sizes
     return summary
@@ -161,42 +185,23 @@ def markdown(results: dict[str, Any]) -> list[str]:
         f"{settings['distil_steps']} steps at lr {settings['distil_learning_rate']} on the pre-training mix; accuracy in "
         f"the variant's format over {' + '.join(POST_TRAINED_SKILLS)} ({settings['eval_problems']} test problems each); "
         f"KL(variant ‖ model) per response token over {settings['kl_examples']} of the variant's own examples. "
-        "k = 0 is the delta-transferred student, k > 0 the cross-patched sizes, the largest k the variant itself. "
+        "k = 0 is the delta-transferred student (cross-patch: the distilled base student), k > 0 puts k variant "
+        "blocks back, the largest k is the variant itself; direct distillation exists below the variant's size only. "
         "Mean over seeds with bootstrap 95 % intervals over seeds.",
     ]
     for name, sizes in results["summary"].items():
-        rows = [
-            [
-                cell["k"],
-                cell["layers"],
-                _cell(cell["accuracy"]["transfer"]),
-                _cell(cell["accuracy"].get("direct")),
-                _cell(cell["accuracy"].get("difference")),
-                _cell(cell["teacher_kl"]["transfer"], 4),
-                _cell(cell["teacher_kl"].get("direct"), 4),
-                _cell(cell["teacher_kl"].get("difference"), 4),
+        for metric, title, digits in (("accuracy", "accuracy", 3), ("teacher_kl", "KL(variant ‖ model)", 4)):
+            columns = ["transfer", *BASELINES, *(f"transfer - {baseline}" for baseline in BASELINES)]
+            rows = [
+                [cell["k"], cell["layers"], *(_cell(cell[metric].get(column), digits) for column in columns)]
+                for cell in sizes
             ]
-            for cell in sizes
-        ]
-        body += [
-            f"Variant `{name}`:",
-            markdown_table(
-                [
-                    "k",
-                    "layers",
-                    "accuracy: transfer",
-                    "direct distillation",
-                    "transfer − direct",
-                    "KL: transfer",
-                    "direct",
-                    "transfer − direct",
-                ],
-                rows,
-            ),
-        ]
+            headers = ["k", "layers", *(column.replace("_", "-").replace(" - ", " − ") for column in columns)]
+            body += [f"Variant `{name}`, {title}:", markdown_table(headers, rows)]
     return body
 
 
+BASELINES = ("cross_patch", "direct")
 DEFAULTS = {"distil_steps": 300, "distil_learning_rate": 2e-3, "eval_problems": 200, "kl_examples": 256}
 QUICK = {"distil_steps": 80, "eval_problems": 100}
 
