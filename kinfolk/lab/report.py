@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -179,41 +180,41 @@ def write_plots(results: dict, out: Path) -> list[str]:
     except ImportError:
         return []
     written = []
-    figure, axis = plt.subplots(figsize=(5, 3.2))
-    by_kind = results["atlantis"]["weights_by_kind"]
-    axis.boxplot([by_kind[k] for k in by_kind], tick_labels=list(by_kind))
-    axis.set_ylabel("ATLANTIS weight")
-    axis.set_title(f"weights by true kind ({results['atlantis']['formula']})")
-    figure.tight_layout()
-    figure.savefig(out / "atlantis_weights.png", dpi=100)
-    written.append("atlantis_weights.png")
-    plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(5, 3.2))
-    for method, trajectory in results["atlas"]["retained_kl"].items():
-        target_at = dict(map(tuple, results["atlas"].get("target_curve", {}).get(method, [])))
-        points = [(target_at[step], kl) for step, kl in trajectory if step in target_at]
-        if points:
-            axis.plot(*zip(*points), marker="o", label=method)
-    axis.set_xlabel(f"{results['skills']['target']} accuracy (checkpoints)")
-    axis.set_ylabel("retained KL(frozen || current)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(out / "atlas_retained_kl.png", dpi=100)
-    written.append("atlas_retained_kl.png")
-    plt.close(figure)
+    @contextlib.contextmanager
+    def plot(name: str):
+        figure, axis = plt.subplots(figsize=(5, 3.2))
+        yield axis
+        figure.tight_layout()
+        figure.savefig(out / name, dpi=100)
+        written.append(name)
+        plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(5, 3.2))
-    for variant, entry in results["adapt"]["variants"].items():
-        patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
-        axis.plot([m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o", label=variant)
-    axis.set_xlabel("layers")
-    axis.set_ylabel("post-trained skills' accuracy (own format)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(out / "adapt_sizes.png", dpi=100)
-    written.append("adapt_sizes.png")
-    plt.close(figure)
+    with plot("atlantis_weights.png") as axis:
+        by_kind = results["atlantis"]["weights_by_kind"]
+        axis.boxplot([by_kind[k] for k in by_kind], tick_labels=list(by_kind))
+        axis.set_ylabel("ATLANTIS weight")
+        axis.set_title(f"weights by true kind ({results['atlantis']['formula']})")
+
+    with plot("atlas_retained_kl.png") as axis:
+        for method, trajectory in results["atlas"]["retained_kl"].items():
+            target_at = dict(map(tuple, results["atlas"].get("target_curve", {}).get(method, [])))
+            points = [(target_at[step], kl) for step, kl in trajectory if step in target_at]
+            if points:
+                axis.plot(*zip(*points), marker="o", label=method)
+        axis.set_xlabel(f"{results['skills']['target']} accuracy (checkpoints)")
+        axis.set_ylabel("retained KL(frozen || current)")
+        axis.legend()
+
+    with plot("adapt_sizes.png") as axis:
+        for variant, entry in results["adapt"]["variants"].items():
+            patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
+            axis.plot(
+                [m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o", label=variant
+            )
+        axis.set_xlabel("layers")
+        axis.set_ylabel("post-trained skills' accuracy (own format)")
+        axis.legend()
     return written
 
 
