@@ -54,24 +54,13 @@ def _task_manager():
 
 
 def evaluate_with_lm_eval(model, tokenizer, skills: list[str] | None = None, limit: int | None = None) -> dict:
-    """{skill: exact_match} of the lab's lm-eval tasks on `model` (in-process, greedy)."""
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
+    """{skill: exact_match} of the lab's lm-eval tasks on `model` (in-process, greedy; `kinfolk.callbacks`' runner,
+    so RNG states and train/eval mode are restored; the lab models' 64 positions bound lm-eval's context)."""
+    from kinfolk.callbacks.evaluation import run_lm_eval
 
-    names = [TASKS[s] for s in skills or list(SKILLS)]
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=64, max_length=64)
-    results = simple_evaluate(
-        model=lm,
-        tasks=names,
-        task_manager=_task_manager(),
-        limit=limit,
-        bootstrap_iters=0,
-        random_seed=None,
-        numpy_random_seed=None,
-        torch_random_seed=None,
-        fewshot_random_seed=None,
-    )
-    return {skill: float(results["results"][TASKS[skill]]["exact_match,none"]) for skill in skills or list(SKILLS)}
+    skills = skills or list(SKILLS)
+    output, _ = run_lm_eval(model, tokenizer, [TASKS[s] for s in skills], _task_manager(), limit, batch_size=64)
+    return {skill: float(output["results"][TASKS[skill]]["exact_match,none"]) for skill in skills}
 
 
 if __name__ == "__main__":
