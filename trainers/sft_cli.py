@@ -66,7 +66,7 @@ def load_datasets(script_args: ScriptArguments, dataset_args: DatasetMixtureConf
     """The dataset splits as `trl sft` loads them; a `save_to_disk` directory is read with `load_from_disk`."""
     from trl import get_dataset
 
-    from kinfolk.trainers.data_sources import load_splits
+    from kinfolk.data import load_splits
 
     if dataset_args.datasets:
         return get_dataset(dataset_args)
