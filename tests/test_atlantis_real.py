@@ -13,7 +13,7 @@ from atlantis_helpers import reference_scores
 from datasets import Dataset, concatenate_datasets, load_from_disk
 from transformers import AutoTokenizer
 
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.testing import conversational_dataset, prompt_completion_dataset
 from kinfolk.testing.real_models import humaneval_data_path
 from kinfolk.testing.resources import measure

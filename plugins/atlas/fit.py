@@ -31,7 +31,6 @@ import torch
 from datasets import Dataset
 from torch import nn
 
-from kinfolk.batches import retained_batches
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, squared_distances
 from kinfolk.plugins.atlas.layer import AtlasLayer, route
 
@@ -281,6 +280,10 @@ def batches_of(data, tokenizer, batch_size: int, max_length: int | None) -> Iter
     dataset has no `labels`); any other data (a `DataLoader`, a list of batches) as it is."""
     if not isinstance(data, Dataset):
         return data
+    # On use, not at import: this package is imported while PEFT registers ATLAS, which can happen inside
+    # transformers' own import, before TRL (which kinfolk.batches needs) can be imported.
+    from kinfolk.batches import retained_batches
+
     positions = "all" if "input_ids" in data.column_names and "labels" not in data.column_names else "response"
     return retained_batches(data, tokenizer, positions, max_length, batch_size)
 
