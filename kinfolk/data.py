@@ -108,22 +108,29 @@ def writes_folder(out: str | Path) -> bool:
     return Path(out).suffix not in WRITTEN_FILES
 
 
+def check_output(out: str | Path, overwrite: bool = False) -> Path:
+    """Refuse, before any work, an `out` that exists (unless `overwrite`) or names a data file kinfolk does not
+    write (e.g. `.csv`, which cannot hold list columns faithfully)."""
+    out = check_destination(out, overwrite)
+    if writes_folder(out) and out.suffix in FILE_BUILDERS:
+        raise InputError(
+            f"{out}: kinfolk writes {' or '.join(WRITTEN_FILES)} files or a dataset folder, not {out.suffix}"
+        )
+    return out
+
+
 def save_dataset(dataset, out: str | Path, overwrite: bool = False) -> Path:
     """Write `dataset` to `out` atomically: JSON lines for `*.jsonl`, Parquet for `*.parquet`, else a `save_to_disk`
-    folder. Refuses an existing `out` unless `overwrite`, and suffixes it cannot write faithfully (e.g. `.csv`)."""
-    out = Path(out)
-    check_destination(out, overwrite)
+    folder. Refuses what `check_output` refuses."""
+    out = check_output(out, overwrite)
     if writes_folder(out):
-        if out.suffix in FILE_BUILDERS:
-            raise InputError(
-                f"{out}: kinfolk writes {', '.join(WRITTEN_FILES)} files or a dataset folder, not {out.suffix}"
-            )
         with atomic_directory(out, overwrite=overwrite) as staging:
             dataset.save_to_disk(str(staging))
         return out
     with atomic_file(out, mode="wb") as handle:
         if out.suffix == ".jsonl":
-            dataset.to_json(handle, lines=True, force_ascii=False)
+            # pandas' default keeps 10 significant digits; 15 is its maximum (scores and weights survive to ~1e-15)
+            dataset.to_json(handle, lines=True, force_ascii=False, double_precision=15)
         else:
             dataset.to_parquet(handle)
     return out

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from kinfolk.atomic import atomic_directory, check_destination
+from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.data import load_data, save_dataset, writes_folder
+from kinfolk.data import check_output, load_data, save_dataset, writes_folder
 from kinfolk.tokens import DatasetFormatError
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
@@ -58,7 +58,7 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
 
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     state = process_state()
-    check_destination(args.out, args.overwrite)
+    check_output(args.out, args.overwrite)
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
     models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
