@@ -165,8 +165,7 @@ class HiddenStateCache(_BatchCache):
             key: {"hidden": hidden.to(device)} for key, hidden in _frozen_hidden(model, batches, disable_adapter)
         }
         head = OutputHead.of(model)
-        trainable = head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad)
-        if copy_head or (copy_head is None and trainable):
+        if copy_head or (copy_head is None and head.trainable):
             with maybe_gather_lm_head_ctx(head.weight, head.bias):
                 head = dataclasses.replace(
                     head,
@@ -252,7 +251,7 @@ class ExpectationCache(_BatchCache):
     def _check_head(head: OutputHead) -> None:
         if head.softcap is not None:
             raise ValueError("ExpectationCache needs a head without soft-capping; use HiddenStateCache for this model")
-        if head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad):
+        if head.trainable:
             raise ValueError("ExpectationCache needs a frozen head shared by both sides; the head here is trainable")
 
     @classmethod

@@ -42,9 +42,14 @@ def cache_kind(
     if cache != "auto":
         return cache
     head = OutputHead.of(model)
-    frozen_head = not head.weight.requires_grad and (head.bias is None or not head.bias.requires_grad)
     is_peft = hasattr(model, "disable_adapter")
-    if is_peft and reference_model is None and divergence == "forward_kl" and frozen_head and head.softcap is None:
+    if (
+        is_peft
+        and reference_model is None
+        and divergence == "forward_kl"
+        and not head.trainable
+        and head.softcap is None
+    ):
         return "expectation"
     return "hidden"
 

@@ -58,6 +58,11 @@ class OutputHead:
         config = base.config.get_text_config()
         return cls(weight, bias, logit_scale(config), getattr(config, "final_logit_softcapping", None))
 
+    @property
+    def trainable(self) -> bool:
+        """Whether training can change the head (then a frozen side needs its own copy)."""
+        return self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad)
+
     def logits(self, hidden: torch.Tensor, temperature: float = 1.0, vocab: slice = slice(None)) -> torch.Tensor:
         """fp32 logits of a few tokens after scale, soft-cap and temperature (for tiles, never a whole batch);
         `vocab` selects a tile of the vocabulary."""
