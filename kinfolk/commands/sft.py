@@ -142,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True
-    )
+    _, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
     launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
     script_args = _subtract_subsequence(argv, cli_remaining)
     try:
