@@ -68,3 +68,16 @@ def test_the_weighted_sft_example_trains_on_scored_output(scores, tiny_kit, tmp_
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert (run / "model.safetensors").is_file()
     assert "weight/mean" in finished.stdout + finished.stderr
+
+
+@pytest.mark.parametrize("name", OUTPUTS)
+def test_kinfolk_sft_reads_scored_output(scores, tmp_path, name):
+    from kinfolk.commands import sft
+
+    out = tmp_path / name
+    assert main(["score", "--data", str(scores), "--out", str(out)]) == 0
+    script_args, _, _, dataset_args, *_ = sft.make_parser().parse_args_and_config(
+        ["--dataset_name", str(out), "--output_dir", str(tmp_path / "run"), "--use_cpu"]
+    )
+    train = sft.load_datasets(script_args, dataset_args)["train"]
+    np.testing.assert_allclose(train["weight"], load_data(out)["weight"], rtol=1e-12)
