@@ -25,8 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kinfolk.errors import InputError
 
-class OutputExistsError(FileExistsError):
+
+class OutputExistsError(InputError, FileExistsError):
     """The destination exists and the caller did not ask to overwrite it."""
 
 

@@ -24,6 +24,8 @@ from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
 
+from kinfolk.errors import InputError
+
 IGNORE_INDEX = -100
 
 # Columns each dataset type must provide, as TRL reads them.
@@ -34,7 +36,7 @@ DATASET_TYPES = {
 }
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(InputError):
     """The dataset does not have the columns or contents an SFT dataset needs."""
 
 

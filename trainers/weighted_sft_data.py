@@ -28,6 +28,7 @@ from datasets import Dataset, IterableDataset
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from kinfolk.errors import InputError
 from kinfolk.tokens import IGNORE_INDEX
 
 # Dataset columns, one value per token.
@@ -47,7 +48,7 @@ NORMALIZER = {"token": "token_mass", "sequence": "examples", "self_normalized": 
 _MAX_LISTED_ROWS = 10
 
 
-class WeightColumnError(ValueError):
+class WeightColumnError(InputError):
     """The weight column is missing or holds values that cannot be weights."""
 
 

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from kinfolk.atomic import directory_fingerprint
+from kinfolk.errors import InputError
 from kinfolk.layout import ModelLayout, check_state_dict_layout, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LayerMap
 from kinfolk.tensors import TensorReader
@@ -47,11 +48,11 @@ SAFETENSORS_DTYPES = {
 DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """An input directory that is not the kind of checkpoint the operation needs."""
 
 
-class TensorMismatchError(ValueError):
+class TensorMismatchError(InputError):
     """Two inputs whose tensors do not line up; `kind` is missing, extra, shape or dtype and `tensor` the name."""
 
     def __init__(self, message: str, kind: str, tensor: str):
@@ -59,7 +60,7 @@ class TensorMismatchError(ValueError):
         self.kind, self.tensor = kind, tensor
 
 
-class LayerMapMismatchError(ValueError):
+class LayerMapMismatchError(InputError):
     """Inputs built on different layer maps (e.g. a delta from another layer selection)."""
 
 

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from kinfolk import __version__
 from kinfolk.atomic import atomic_directory, check_destination, write_json
+from kinfolk.errors import InputError
 from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint, input_fingerprint
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 from kinfolk.plugins.adapt.plan import MergePlan, ModelPlan, PlannedTensor
@@ -35,7 +36,7 @@ _NOT_COPIED = ("*.safetensors", INDEX_FILE, "*.bin", "*.bin.index.json", "*.pt",
 _REWRITTEN = {"config.json", LAYER_MAP_FILE, PROVENANCE_FILE, FAMILY_FILE, "adapt_delta.json", "README.md"}
 
 
-class MergeError(ValueError):
+class MergeError(InputError):
     """A tensor the plan cannot compute (e.g. an integer tensor in a weighted sum)."""
 
 

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kinfolk.errors import InputError
+
 LAYER_MAP_FILE = "adapt_layer_map.json"
 _FORMAT = "kinfolk-adapt-layer-map"
 
 
-class LayerMapError(ValueError):
+class LayerMapError(InputError):
     """A layer-selection rule or a layer map that does not describe a partition of the teacher's layers."""
 
 
