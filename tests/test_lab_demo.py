@@ -7,8 +7,8 @@ import pytest
 from peft import AutoPeftModelForCausalLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.commands.demo import main
 from kinfolk.lab.atlantis_experiment import accuracy
-from kinfolk.lab.demo import main
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.report import headline_table
 

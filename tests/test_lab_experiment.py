@@ -167,3 +167,26 @@ def test_one_micro_family_runs_every_cell_and_control(tmp_path):
     assert training["uniform"]["ess_fraction"] == pytest.approx(uniform_ess)
     again = atlantis_family(family, tmp_path / "work", settings)  # every piece is read back from the work dir
     assert json.dumps(again, sort_keys=True) == json.dumps(record, sort_keys=True)  # NaN-safe equality
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["lab", "experiment", "atlantis", "--families", "0"], "--families must be at least 1, got 0"),
+        (["lab", "experiment", "atlantis", "--temperature", "1"], "unrecognized arguments: --temperature"),
+        (["lab", "experiment", "sideways"], "unknown experiment 'sideways'"),
+        (["lab"], "kinfolk lab needs an action"),
+    ],
+)
+def test_lab_command_refuses_bad_input_in_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    from kinfolk.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as usage_error:  # the option parser's own exit
+        code = usage_error.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written

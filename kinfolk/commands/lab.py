@@ -1,5 +1,96 @@
-"""`kinfolk lab build|experiment ...`: the lab's own command line (`kinfolk.lab.cli`), reached through the verb table."""
+"""`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
+families (`atlantis`: `kinfolk.lab.atlantis_experiment`; `atlas`, `adapt`: their own modules' options until they
+move onto the families runner).
 
-from kinfolk.lab.cli import main
+`build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
+"""
 
-__all__ = ["main"]
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.errors import InputError
+
+
+@dataclass
+class BuildArguments:
+    quick: bool = field(default=False, metadata={"help": "The small size for tests and CI (fewer steps)."})
+    seed: int = field(default=0, metadata={"help": "Family seed: of the data and of every training run."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Cache root (default ~/.cache/kinfolk/lab or KINFOLK_LAB_CACHE)."}
+    )
+    force: bool = field(default=False, metadata={"help": "Retrain even when the cache holds the family."})
+
+
+@dataclass
+class ExperimentArguments:
+    families: int = field(
+        default=5, metadata={"help": "Number of families: seeds first_family ... first_family + families - 1."}
+    )
+    first_family: int = field(default=0, metadata={"help": "Seed of the first family."})
+    quick: bool = field(default=False, metadata={"help": "On quick families (a plumbing check, not evidence)."})
+    out: str = field(default="runs/lab-atlantis", metadata={"help": "Output directory; an existing one resumes."})
+    overwrite: bool = field(default=False, metadata={"help": "Start over instead of resuming an existing --out."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Lab family cache root."})
+    allow_failed_family: bool = field(
+        default=False,
+        metadata={"help": "Use families that missed a build threshold (the results list them) instead of stopping."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.families < 1:
+            raise InputError(f"--families must be at least 1, got {self.families}")
+
+
+def build(argv: list[str]) -> int:
+    (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
+    from kinfolk.lab.family import LabConfig, build_family
+
+    config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
+    start = time.perf_counter()
+    family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
+    print(family.summary())
+    print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s)")
+    return 0 if family.passed else 1
+
+
+def experiment(argv: list[str]) -> int:
+    if argv[:1] in (["atlas"], ["adapt"]):
+        from importlib import import_module
+
+        return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
+    if argv[:1] != ["atlantis"]:
+        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose atlantis, atlas or adapt")
+    from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
+    from kinfolk.lab.results_doc import results_markdown
+
+    parser = VerbParser((ExperimentArguments, AtlantisSettings), prog="kinfolk lab experiment atlantis")
+    args, settings = parser.parse(argv[1:])
+    if args.families < 5:
+        print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
+    results = run_atlantis(
+        args.out,
+        list(range(args.first_family, args.first_family + args.families)),
+        settings,
+        quick=args.quick,
+        cache_dir=args.cache_dir,
+        allow_failed_family=args.allow_failed_family,
+        overwrite=args.overwrite,
+    )
+    print(results_markdown(results))
+    return 0
+
+
+ACTIONS = {"build": build, "experiment": experiment}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if not argv or argv[0] not in ACTIONS:
+        raise InputError(f"kinfolk lab needs an action: {' | '.join(ACTIONS)} (got {' '.join(argv[:1]) or 'none'})")
+    return ACTIONS[argv[0]](argv[1:])

@@ -3,7 +3,7 @@
 `TrlParser` (itself transformers' `HfArgumentParser`) turns dataclass fields into options, each `--x_y` also
 accepted as `--x-y`, and reads `--config FILE.yaml` as defaults. On top of it a verb's parser reports a usage error as
 one line (exit 2) — as it does a `--config` file that is not a YAML mapping and a value a dataclass's own checks
-refuse — and refuses options and config keys it does not know instead of ignoring them.
+refuse — and refuses options and config keys it does not know instead of ignoring them, abbreviations included.
 
 >>> from dataclasses import dataclass, field
 >>> @dataclass
@@ -23,6 +23,10 @@ from trl import TrlParser
 
 
 class VerbParser(TrlParser):
+    def __init__(self, dataclass_types=None, **kwargs):
+        # argparse would take `--temperature` for `--temperatures`: a typo must be refused, not guessed
+        super().__init__(dataclass_types, **{"allow_abbrev": False, **kwargs})
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 

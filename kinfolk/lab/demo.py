@@ -20,7 +20,6 @@ Models the report's numbers come from are kept under `--out/models` (ADAPT's und
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -365,33 +364,3 @@ def run_demo(
         "are claimed only over 5 families, with intervals: docs/results.md."
     )
     return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kinfolk demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the quick family and budgets (CI: under 3 minutes)")
-    parser.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the family and every run")
-    parser.add_argument("--cache_dir", default=None, help="lab family cache (default ~/.cache/kinfolk/lab)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument(
-        "--allow-failed-family",
-        "--allow_failed_family",
-        action="store_true",
-        help="run on a family that missed a build threshold (the report's first line then says so)",
-    )
-    args = parser.parse_args(argv)
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config = DemoConfig.quick_config(seed=args.seed) if args.quick else DemoConfig(seed=args.seed)
-    run_demo(
-        args.out,
-        config,
-        cache_dir=args.cache_dir,
-        overwrite=args.overwrite,
-        allow_failed_family=args.allow_failed_family,
-    )
-    return 0
