@@ -128,3 +128,24 @@ def test_pretraining_stops_once_the_skill_is_learned(tmp_path):
         "large_base": 12,
         **dict.fromkeys(("small_instruct", "large_instruct", "large_bracket"), MICRO["post_train_steps"]),
     }
+
+
+def test_models_whose_key_is_unchanged_are_copied_from_another_family(micro_family, monkeypatch):
+    trained = []
+    real_train = lab_family.train
+
+    def counting_train(model, dataset, tokenizer, out, *args, **kwargs):
+        trained.append(out.name)
+        return real_train(model, dataset, tokenizer, out, *args, **kwargs)
+
+    monkeypatch.setattr(lab_family, "train", counting_train)
+    changed = LabConfig(**(MICRO | {"post_train_steps": 3}))
+    assert changed.model_key("large_base") == micro_family.config.model_key("large_base")
+    assert changed.model_key("large_instruct") != micro_family.config.model_key("large_instruct")
+    family = build_family(changed, cache_dir=micro_family.root.parent, progress=False)
+    assert family.root != micro_family.root
+    assert sorted(trained) == ["large_bracket", "large_instruct", "small_instruct"]  # the bases were copied
+    for name in ("small_base", "large_base"):
+        old, new = (load_file(f.models[name] / "model.safetensors") for f in (micro_family, family))
+        assert all((old[key] == new[key]).all() for key in old), name
+    assert family.steps["small_instruct"] == 3 and family.steps["large_base"] == micro_family.steps["large_base"]

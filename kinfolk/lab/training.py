@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -50,10 +50,18 @@ class StopWhenLearned(TrainerCallback):
     whether a family has the skill a matter of luck, this rule makes it part of the design (within `max_steps`)."""
 
     def __init__(
-        self, tokenizer, skill: str, metric: str, at_least: float, every: int, seed: int, problems: int = 200
+        self,
+        tokenizer,
+        skill: str,
+        metric: str,
+        at_least: float,
+        every: int,
+        seed: int,
+        problems: int = 200,
+        report: Callable[[str], None] | None = None,
     ):
         self.tokenizer, self.skill, self.metric, self.at_least = tokenizer, skill, metric, at_least
-        self.every, self.seed, self.problems = every, seed, problems
+        self.every, self.seed, self.problems, self.report = every, seed, problems, report
         self.learned_at: int | None = None
         self.history: list[tuple[int, float]] = []
 
@@ -65,6 +73,8 @@ class StopWhenLearned(TrainerCallback):
         scores = skill_scores(model, self.tokenizer, [self.skill], self.problems, self.seed, split="validation")
         value = scores[self.skill][self.metric]
         self.history.append((state.global_step, value))
+        if self.report:
+            self.report(f"step {state.global_step}: {self.skill} {self.metric} {value:.2f} (stop at {self.at_least})")
         if value >= self.at_least:
             self.learned_at = state.global_step
             control.should_training_stop = True
