@@ -133,3 +133,23 @@ def test_the_command_line_starts_without_the_heavy_stack():
         "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
     )
     assert loaded == "[]"
+
+
+def test_no_public_name_means_something_else_in_the_stack():
+    """A kinfolk export named like a TRL, PEFT or transformers export would shadow it in `from x import *` scripts
+    and mislead users swapping classes into TRL's scripts (TRL 1.16 exports an on-policy `DistillationTrainer`)."""
+    import importlib
+
+    import peft
+    import transformers
+    import trl
+
+    stack = {library.__name__: set(dir(library)) for library in (trl, peft, transformers)}
+    clashes = [
+        f"{module}.{name} vs {library}.{name}"
+        for module in ("kinfolk.trainers", "kinfolk.callbacks", "kinfolk.plugins.atlas", "kinfolk.plugins.adapt")
+        for name in importlib.import_module(module).__all__
+        for library, names in stack.items()
+        if name in names
+    ]
+    assert clashes == []

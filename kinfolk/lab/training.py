@@ -88,10 +88,10 @@ def lab_distil(
 ) -> Path:
     """`DistillationTrainer` from the `student` directory towards `teacher` on `dataset`, saved atomically at `out`
     with the tokenizer: the same batch, length and schedule recipe as `lab_trainer`."""
-    from kinfolk.trainers import DistillationConfig, DistillationTrainer
+    from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
     with atomic_directory(out, overwrite=True) as staging, tempfile.TemporaryDirectory() as scratch:
-        args = DistillationConfig(
+        args = LayerDistillationConfig(
             output_dir=scratch,
             use_cpu=True,
             bf16=False,
@@ -107,7 +107,7 @@ def lab_distil(
             warmup_steps=min(50, steps // 10),
             gradient_checkpointing=False,
         )
-        trainer = DistillationTrainer(
+        trainer = LayerDistillationTrainer(
             model=str(student),
             teacher_model=str(teacher),
             args=args,
