@@ -2,7 +2,8 @@
 
 The metric is the mean next-token KL(frozen ‖ current) over fixed, teacher-forced retained contexts (response
 tokens, or every token), pooled over tokens. It is measured at each evaluation and/or every N steps, logged
-through the trainer (`retained_kl` reaches TensorBoard, W&B and `trainer.state.log_history`) and appended to
+in the trainer's own record of that step (`retained_kl` reaches TensorBoard, W&B and `trainer.state.log_history`
+beside loss, grad_norm and learning rate; see `kinfolk.callbacks.step_log`) and appended to
 `drift.jsonl` in the output directory together with the step (and, when a checkpoint is saved, its name).
 
 Where the frozen distribution comes from:
@@ -32,6 +33,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import (
     DIVERGENCES,
     DisabledAdapter,
@@ -306,7 +308,7 @@ class RetainedKLCallback(TrainerCallback):
         measured = self.measure()
         seconds = time.perf_counter() - start
         logged = {name: value for name, value in measured.items() if not name.endswith(("_tokens", "_contexts"))}
-        self.trainer.log(logged)
+        log_step_metrics(self.trainer, control, logged)
         if args.process_index == 0:
             row = {"step": state.global_step, "epoch": state.epoch, **measured}
             row.update(
