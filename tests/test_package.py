@@ -153,3 +153,13 @@ def test_no_public_name_means_something_else_in_the_stack():
         if name in names
     ]
     assert clashes == []
+
+
+def test_plotting_is_a_core_dependency():
+    """`pip install kinfolk` must draw the weights histogram and the demo's plots, not skip them silently."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    core = {Requirement(line).name for line in requires("kinfolk") if "extra ==" not in line}
+    assert "matplotlib" in core
