@@ -106,7 +106,9 @@ def test_no_weight_statistics_without_a_weight_column(tiny_tokenizer, tmp_path):
 
 
 def test_all_zero_weights_are_refused_before_training(tiny_tokenizer, tmp_path):
-    with pytest.raises(WeightColumnError, match=r"every weight in the train dataset's weight column 'weight' is 0 \(3"):
+    with pytest.raises(
+        WeightColumnError, match=r"every weight in the train dataset's weight column 'weight' is 0 \(3"
+    ):
         weighted_trainer(tiny_tokenizer, weighted_data(3, [0.0, 0.0, 0.0]), tmp_path)
     with pytest.raises(WeightColumnError, match=r"'weight' is 0 after clipping"):
         weighted_trainer(tiny_tokenizer, weighted_data(3, [1.0, 2.0, 0.0]), tmp_path, weight_clip_max=0.0)
