@@ -112,6 +112,19 @@ def test_wheel_installs_outside_the_repo(tmp_path):
     assert source_tasks <= installed_tasks, f"missing from the wheel: {sorted(source_tasks - installed_tasks)}"
     installed_plugins = _package_files(purelib / "kinfolk" / "plugins")
     assert {p for p in _package_files(REPO / "plugins") if p.endswith(".py")} <= installed_plugins
+    # The wheel's startup line registers ATLAS with PEFT in a process that never imports kinfolk.
+    assert (purelib / "kinfolk-peft-registration.pth").is_file()
+    registered = (
+        "import sys; started = 'kinfolk' in sys.modules and 'peft' not in sys.modules\n"
+        "import peft; from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING as M\n"
+        "print(started, M[peft.PeftType('ATLAS')].__module__, sys.modules['kinfolk'].__file__)"
+    )
+    out = subprocess.run(
+        [str(python), "-c", registered], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
+    )
+    started, module, init = out.stdout.split()
+    assert (started, module) == ("True", "kinfolk.plugins.atlas.config")
+    assert Path(init).is_relative_to(purelib), init
 
 
 def _fresh_python(code: str) -> str:
