@@ -45,6 +45,7 @@ from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
 from kinfolk.divergence import OutputHead, chunked_divergence
+from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.layout import decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
@@ -189,6 +190,7 @@ class LayerDistillationTrainer(SFTTrainer):
             model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=processing_class, **kwargs,
         )  # fmt: skip
+        warn_if_fewer_processes(self.args.world_size)
         self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
 
         if isinstance(teacher_model, str):

@@ -62,6 +62,7 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
+from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers.data_sources import load_splits
 from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
@@ -227,6 +228,7 @@ class WeightedSFTTrainer(SFTTrainer):
             processing_class=processing_class,
             **kwargs,
         )
+        warn_if_fewer_processes(self.args.world_size)
         if self._skip_prepare_dataset:  # vision datasets are prepared on the fly, without weight columns
             raise ValueError("WeightedSFTTrainer supports text datasets only; this dataset holds images.")
         parallelism = self.accelerator.parallelism_config
