@@ -45,6 +45,7 @@ from kinfolk.divergence import (
     token_divergence,
 )
 from kinfolk.logprobs import pad_right
+from kinfolk.sharding import unsharded_root
 from kinfolk.tokens import sft_tokenize
 
 POSITIONS = ("response", "all")
@@ -250,8 +251,13 @@ class RetainedKLCallback(TrainerCallback):
         """Retained KL of the model now: pooled token mean, per-context mean, token and context counts.
 
         Runs in the weights' own dtype, outside the trainer's mixed-precision autocast: the frozen side is exact,
-        and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3.
+        and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3. Under FSDP2 the root's
+        own parameters are gathered meanwhile (`kinfolk.sharding`).
         """
+        with unsharded_root(self._model()):
+            return self._measure()
+
+    def _measure(self) -> dict[str, float]:
         if self.frozen is None:  # `trainer.evaluate()` before `train()`: the model is still the frozen one
             self._build_frozen(self.trainer.state)
         model = self._model()
@@ -325,7 +331,8 @@ class RetainedKLCallback(TrainerCallback):
     # -- trainer events ---------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         if self.frozen is None:
-            self._build_frozen(state)
+            with unsharded_root(self._model()):
+                self._build_frozen(state)
         if self.measure_at_start and state.global_step == 0:
             self._measure_and_record(args, state, control)
 
