@@ -8,7 +8,8 @@ metrics and the callback's.
 
 import pytest
 from peft import LoraConfig, get_peft_model
-from trl import SFTConfig, SFTTrainer
+from test_retained_kl_callback import sft_config
+from trl import SFTTrainer
 
 from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback
 from kinfolk.testing import build_model, prompt_completion_dataset
@@ -39,19 +40,8 @@ def test_every_step_record_has_the_trainers_metrics_and_the_callbacks(
     tmp_path, tiny_tokenizer, make_callback, metric, accumulation
 ):
     model = get_peft_model(build_model("llama", tokenizer=tiny_tokenizer), LoraConfig(r=4, target_modules=["q_proj"]))
-    args = SFTConfig(
-        output_dir=str(tmp_path),
-        max_steps=STEPS,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=5e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        max_length=48,
-        seed=0,
+    args = sft_config(
+        tmp_path, max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=accumulation
     )
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=prompt_completion_dataset(12), processing_class=tiny_tokenizer

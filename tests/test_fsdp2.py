@@ -8,34 +8,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import get_peft_model
-from transformers import AutoModelForCausalLM
-
-from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
-from kinfolk.testing import prompt_completion_dataset
 
 JOB = Path(__file__).with_name("fsdp2_job.py")
 
 
 @pytest.fixture(scope="module")
-def sharded_and_single(tiny_kit, tmp_path_factory):
+def sharded_and_single(atlas_adapter, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp2")
-    base_dir = tiny_kit.model_dir("llama")
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), AtlasConfig(r=4, init_weights=False))
-    fit_atlas(model, prompt_completion_dataset(16, seed=4), tiny_kit.tokenizer(), batch_size=8, progress=False)
-    model.save_pretrained(root / "adapter")
-
+    base_dir, adapter_dir = atlas_adapter["base"], atlas_adapter["adapter"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(JOB.parent)}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += [str(JOB), str(base_dir), str(root / "adapter"), str(root / "sharded" / "out.pt")]
+    command += [str(JOB), str(base_dir), str(adapter_dir), str(root / "sharded" / "out.pt")]
     (root / "sharded").mkdir()
     finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-4000:]
     sys.path.insert(0, str(JOB.parent))
     from fsdp2_job import run
 
-    single = run(str(base_dir), str(root / "adapter"), str(root / "single"), sharded=False)
+    single = run(str(base_dir), str(adapter_dir), str(root / "single"), sharded=False)
     return torch.load(root / "sharded" / "out.pt"), single
 
 

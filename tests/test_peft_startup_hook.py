@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
+from peft import PeftModel
 from test_lm_eval_cli import TASK, cli_samples, in_process, log_likelihoods
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kinfolk
 from kinfolk.eval_tasks import task_dir
-from kinfolk.plugins.atlas import AtlasConfig
 
 HEAVY = ("torch", "peft", "transformers", "numpy", "typing", "importlib.abc")
 INPUT_IDS = [[5, 9, 17, 33, 2, 41, 7]]
@@ -36,20 +35,18 @@ def fresh_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def adapter(tiny_kit, tmp_path_factory):
-    """A saved, non-identity ATLAS adapter on the tiny Llama, with its logits on INPUT_IDS and the base's."""
-    base_dir = tiny_kit.model_dir("llama")
-    folder = tmp_path_factory.mktemp("atlas")
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), AtlasConfig(r=4, init_weights=False))
-    model.save_pretrained(folder / "adapter")
+def adapter(atlas_adapter):
+    """The saved ATLAS adapter, with its logits on INPUT_IDS computed in this process."""
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(atlas_adapter["base"]), atlas_adapter["adapter"]
+    )
     ids = torch.tensor(INPUT_IDS)
     with torch.no_grad():
         adapted = model(input_ids=ids).logits
         with model.disable_adapter():
             base = model(input_ids=ids).logits
     assert not torch.allclose(adapted, base)  # the adapter changes the output, so loading it is visible
-    return {"base": base_dir, "adapter": folder / "adapter", "logits": adapted, "folder": folder}
+    return {**atlas_adapter, "logits": adapted}
 
 
 def test_interpreter_start_installs_the_hook_and_imports_nothing_heavy(tmp_path):

@@ -190,6 +190,18 @@ def check_retained_kl_records(trainer, failures: list[str], label: str, identity
     return {step: entry["retained_kl"] for step, entry in sorted(measured.items())}
 
 
+def train_with_retained_kl(
+    trainer, figures: dict, failures: list[str], label: str, identity_at_start: bool, reference: float | None = None
+) -> None:
+    """Train; check the losses, the retained-KL records and (launched runs) step 1 against one GPU's run."""
+    trainer.train()
+    figures["loss"] = check_losses(train_records(trainer), failures, label)
+    figures["retained_kl"] = check_retained_kl_records(trainer, failures, label, identity_at_start)
+    if reference is not None:
+        tolerance = STEP1_TOLERANCE["launched"]
+        figures["step1_relative_error"] = check_step1(figures["loss"][0], reference, tolerance, failures, label)
+
+
 def atlas_dtypes(peft_model) -> dict[str, str]:
     from kinfolk.plugins.atlas import AtlasLayer
 
@@ -234,9 +246,7 @@ def single(out: Path) -> None:
 
         trainer = atlas_trainer(out / "atlas", tok)
         add_retained_kl(trainer, measure_at_start=True)
-        trainer.train()
-        figures["loss"] = check_losses(train_records(trainer), failures, "atlas")
-        figures["retained_kl"] = check_retained_kl_records(trainer, failures, "atlas", identity_at_start=True)
+        train_with_retained_kl(trainer, figures, failures, "atlas", identity_at_start=True)
         reference["atlas_step1"] = figures["loss"][0]
         peft_model = trainer.model
         dtypes = atlas_dtypes(peft_model)
@@ -278,13 +288,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         add_retained_kl(trainer)  # full fine-tuning: the frozen side is the model at train start
         figures["distributed_type"] = str(trainer.accelerator.distributed_type)
         figures["num_processes"] = trainer.accelerator.num_processes
-        trainer.train()
-        figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} weighted")
-        figures["retained_kl"] = check_retained_kl_records(trainer, failures, f"{tag} weighted", False)
-        if "weighted_step1" in reference:
-            figures["step1_relative_error"] = check_step1(
-                figures["loss"][0], reference["weighted_step1"], STEP1_TOLERANCE["launched"], failures, tag
-            )
+        train_with_retained_kl(trainer, figures, failures, f"{tag} weighted", False, reference.get("weighted_step1"))
         trainer.save_model(str(out / f"{tag}-weighted" / "model"))
         trainer.accelerator.wait_for_everyone()
         if _rank() == 0:
@@ -296,13 +300,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
     def atlas(figures, failures):
         trainer = atlas_trainer(out / f"{tag}-atlas", tok, deepspeed=deepspeed)
         add_retained_kl(trainer, measure_at_start=True)
-        trainer.train()
-        figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} atlas")
-        figures["retained_kl"] = check_retained_kl_records(trainer, failures, f"{tag} atlas", True)
-        if "atlas_step1" in reference:
-            figures["step1_relative_error"] = check_step1(
-                figures["loss"][0], reference["atlas_step1"], STEP1_TOLERANCE["launched"], failures, tag
-            )
+        train_with_retained_kl(trainer, figures, failures, f"{tag} atlas", True, reference.get("atlas_step1"))
 
     def lm_eval_refusal(figures, failures):
         from kinfolk.callbacks import LmEvalCallback
