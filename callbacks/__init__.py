@@ -3,7 +3,8 @@
 - `RetainedKLCallback`: mean next-token KL(frozen ‖ current) on fixed retained contexts (`retained_kl`).
 - `LmEvalCallback`: lm-eval tasks on the training model, with answer churn against the frozen model.
 
-Both log through the trainer and append to `<output_dir>/drift.jsonl`, which `kinfolk drift` reads.
+Both add their metrics to the trainer's own log record of the step (`kinfolk.callbacks.step_log`) and append to
+`<output_dir>/drift.jsonl`, which `kinfolk drift` reads.
 """
 
 from kinfolk.callbacks.evaluation import LmEvalCallback

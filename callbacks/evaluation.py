@@ -5,8 +5,9 @@ checkpoint round trip), with a per-task `limit`. lm-eval reseeds the global RNGs
 mode, so the callback saves every RNG state (Python, NumPy, torch CPU and accelerators) and the train/eval
 mode first and restores them afterwards: training continues exactly as it would have without evaluation.
 
-Scores are logged through the trainer as `lm_eval/<task>/<metric>` (`/<filter>` appended when the task has
-filters) plus `..._count` (sum of per-sample scores, e.g. problems solved). With `churn=True` the frozen model's
+Scores are logged in the trainer's own record of that step (see `kinfolk.callbacks.step_log`) as
+`lm_eval/<task>/<metric>` (`/<filter>` appended when the task has filters) plus `..._count` (sum of per-sample
+scores, e.g. problems solved). With `churn=True` the frozen model's
 answers are recorded once at train start (a PEFT model with its adapters switched off, or the model before
 its first step) and every later run is compared with them: `churn/<task>/C|F|G|W` and their rates (see
 `kinfolk.callbacks.churn`). Per-sample records are saved under `<output_dir>/lm_eval/` (`frozen/` and
@@ -36,6 +37,7 @@ from transformers import TrainerCallback
 from kinfolk.atomic import atomic_file
 from kinfolk.callbacks.churn import churn_report, flat_metrics, outcomes, read_samples
 from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
 
@@ -285,7 +287,7 @@ class LmEvalCallback(TrainerCallback):
             if control.should_save:
                 row["checkpoint"] = f"checkpoint-{state.global_step}"
             append_row(args.output_dir, row)
-            self.trainer.log(dict(metrics))
+            log_step_metrics(self.trainer, control, metrics)
         self.trainer.accelerator.wait_for_everyone()
         return metrics
 

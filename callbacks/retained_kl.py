@@ -2,7 +2,8 @@
 
 The metric is the mean next-token KL(frozen ‖ current) over fixed, teacher-forced retained contexts (response
 tokens, or every token), pooled over tokens. It is measured at each evaluation and/or every N steps, logged
-through the trainer (`retained_kl` reaches TensorBoard, W&B and `trainer.state.log_history`) and appended to
+in the trainer's own record of that step (`retained_kl` reaches TensorBoard, W&B and `trainer.state.log_history`
+beside loss, grad_norm and learning rate; see `kinfolk.callbacks.step_log`) and appended to
 `drift.jsonl` in the output directory together with the step (and, when a checkpoint is saved, its name).
 
 Where the frozen distribution comes from:
@@ -33,7 +34,9 @@ from transformers import TrainerCallback
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
+from kinfolk.sharding import unsharded_root
 
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
 
@@ -138,8 +141,13 @@ class RetainedKLCallback(TrainerCallback):
         """Retained KL of the model now: pooled token mean, per-context mean, token and context counts.
 
         Runs in the weights' own dtype, outside the trainer's mixed-precision autocast: the frozen side is exact,
-        and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3.
+        and bf16 matmul noise in the current side would otherwise swamp KLs of order 1e-3. Under FSDP2 the root's
+        own parameters are gathered meanwhile (`kinfolk.sharding`).
         """
+        with unsharded_root(self._model()):
+            return self._measure()
+
+    def _measure(self) -> dict[str, float]:
         if self.frozen is None:  # `trainer.evaluate()` before `train()`: the model is still the frozen one
             self._build_frozen(self.trainer.state)
         model = self._model()
@@ -196,7 +204,7 @@ class RetainedKLCallback(TrainerCallback):
         measured = self.measure()
         seconds = time.perf_counter() - start
         logged = {name: value for name, value in measured.items() if not name.endswith(("_tokens", "_contexts"))}
-        self.trainer.log(logged)
+        log_step_metrics(self.trainer, control, logged)
         if args.process_index == 0:
             row = {"step": state.global_step, "epoch": state.epoch, **measured}
             row.update(
@@ -213,7 +221,8 @@ class RetainedKLCallback(TrainerCallback):
     # -- trainer events ---------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         if self.frozen is None:
-            self._build_frozen(state)
+            with unsharded_root(self._model()):
+                self._build_frozen(state)
         if self.measure_at_start and state.global_step == 0:
             self._measure_and_record(args, state, control)
 

@@ -3,7 +3,7 @@
     kinfolk merge init-student student.yaml --out students/base-init
     accelerate launch examples/distill.py --config distill.yaml
 
-`distill.yaml` holds this script's arguments and any `DistillationConfig` / `SFTConfig` field:
+`distill.yaml` holds this script's arguments and any `LayerDistillationConfig` / `SFTConfig` field:
 
     student: students/base-init
     teacher: models/Qwen3-4B-Base
@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from trl import TrlParser
 
 from kinfolk.data import load_data
-from kinfolk.trainers import DistillationConfig, DistillationTrainer
+from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
 
 @dataclass
@@ -40,8 +40,8 @@ class DistillScriptArguments:
 
 
 def main() -> None:
-    script_args, training_args = TrlParser((DistillScriptArguments, DistillationConfig)).parse_args_and_config()
-    trainer = DistillationTrainer(
+    script_args, training_args = TrlParser((DistillScriptArguments, LayerDistillationConfig)).parse_args_and_config()
+    trainer = LayerDistillationTrainer(
         model=script_args.student,
         teacher_model=script_args.teacher,
         args=training_args,

@@ -4,6 +4,10 @@
 and many kinfolk commands never touch it (`kinfolk --version`, `kinfolk merge`). Registration therefore waits
 for PEFT itself: anything that can load an adapter has imported `peft` first, and by then ATLAS is registered.
 
+Installing the hook runs at every interpreter start (kinfolk's `.pth` startup line imports `kinfolk`), so this
+module imports nothing at module level but `sys`: no `importlib.abc` (whose `importlib.resources` costs more
+than the rest of kinfolk's start-up together), no `typing`.
+
 >>> calls = []
 >>> call_after_import("colorsys", lambda: calls.append("colorsys ready"))
 >>> import colorsys
@@ -13,14 +17,16 @@ for PEFT itself: anything that can load an adapter has imported `peft` first, an
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
-from collections.abc import Callable
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
-class _AfterImportFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it lets the other finders find `name`, then wraps the loader's `exec_module`.
+class _AfterImportFinder:
+    """A `sys.meta_path` finder that finds nothing itself: it lets the other finders find `name`, then wraps the
+    loader's `exec_module`.
 
     It stays on `sys.meta_path` until the module actually executes: a bare `importlib.util.find_spec(name)`
     (transformers probes for PEFT that way) must not use the hook up.
@@ -34,6 +40,8 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name or self._asking_others:
             return None
+        import importlib.util  # only once `name` is being imported, never at start-up
+
         self._asking_others = True
         try:
             spec = importlib.util.find_spec(fullname)

@@ -212,15 +212,13 @@ def markdown(report: dict[str, Any], target: str, kl: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict[str, Any], target: str, kl: str, path: Path) -> bool:
+def plot(report: dict[str, Any], target: str, kl: str, path: Path) -> None:
     """Retained KL against target score: every checkpoint, and each method's lowest-KL frontier."""
-    try:
-        import matplotlib
+    import matplotlib  # a core dependency, imported here to keep it off the start-up path
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     figure, axis = plt.subplots(figsize=(7, 4.5))
     colours = dict(zip(report["methods"], plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10))
     for run in report["runs"]:
@@ -240,15 +238,13 @@ def plot(report: dict[str, Any], target: str, kl: str, path: Path) -> bool:
     figure.tight_layout()
     figure.savefig(path, dpi=150)
     plt.close(figure)
-    return True
 
 
-def write_report(report: dict[str, Any], out: str | Path, overwrite: bool = False) -> tuple[str, bool]:
-    """`report.md`, `report.json` and (with matplotlib) `drift.png` in the folder `out`, atomically; returns the
-    markdown and whether the plot was drawn."""
+def write_report(report: dict[str, Any], out: str | Path, overwrite: bool = False) -> str:
+    """`report.md`, `report.json` and `drift.png` in the folder `out`, atomically; returns the markdown."""
     text = markdown(report, report["target"], report["kl"])
     with atomic_directory(out, overwrite=overwrite) as staging:
         (staging / "report.md").write_text(text, encoding="utf-8")
         (staging / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-        plotted = plot(report, report["target"], report["kl"], staging / "drift.png")
-    return text, plotted
+        plot(report, report["target"], report["kl"], staging / "drift.png")
+    return text

@@ -51,3 +51,4 @@ if __name__ == "__main__":
     trainer.save_model(f"{run_dir}/adapter")
     if trainer.accelerator.is_main_process:
         Path(run_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
+    trainer.accelerator.end_training()  # tear gloo down before the interpreter does

@@ -69,15 +69,15 @@ def test_boomerang_family_of_a_real_checkpoint(real_model_dir, tmp_path, name):
 
 
 def test_distillation_loss_on_a_real_pair_matches_full_logits(real_model_dir, tmp_path):
-    from test_distillation_trainer import first_batch, make_args, reference_loss  # the tiny-model reference
+    from test_layer_distillation_trainer import first_batch, make_args, reference_loss  # the tiny-model reference
 
     from kinfolk.testing import prompt_completion_dataset
-    from kinfolk.trainers import DistillationTrainer
+    from kinfolk.trainers import LayerDistillationTrainer
 
     teacher = real_model_dir("smollm2-135m-instruct")
     student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2, "last": 1}},
                     tmp_path / "student", progress=False)  # fmt: skip
-    trainer = DistillationTrainer(
+    trainer = LayerDistillationTrainer(
         model=str(student), teacher_model=str(teacher), args=make_args(tmp_path, kl_weight=0.1, temperature=2.0,
                                                                         per_device_train_batch_size=2),
         train_dataset=prompt_completion_dataset(4), processing_class=AutoTokenizer.from_pretrained(teacher),

@@ -24,7 +24,7 @@ APPS = ("kinfolk.commands", "kinfolk.lab", "kinfolk.drift_report", "kinfolk.__ma
 ROOT_EXCEPTIONS = {"kinfolk.plugins.atlas"}
 # Component -> component edges inside one method's pipeline, with the reason.
 SIDEWAYS = {
-    ("kinfolk.trainers.distillation_trainer", "kinfolk.plugins.adapt.layer_map"): "ADAPT's distillation aligns "
+    ("kinfolk.trainers.layer_distillation_trainer", "kinfolk.plugins.adapt.layer_map"): "ADAPT's distillation aligns "
     "each student layer with the teacher block that ADAPT's layer map names",
     ("kinfolk.callbacks", "kinfolk.eval_tasks"): "measurement: the lm-eval callback runs kinfolk's own tasks",
 }

@@ -112,6 +112,19 @@ def test_wheel_installs_outside_the_repo(tmp_path):
     assert source_tasks <= installed_tasks, f"missing from the wheel: {sorted(source_tasks - installed_tasks)}"
     installed_plugins = _package_files(purelib / "kinfolk" / "plugins")
     assert {p for p in _package_files(REPO / "plugins") if p.endswith(".py")} <= installed_plugins
+    # The wheel's startup line registers ATLAS with PEFT in a process that never imports kinfolk.
+    assert (purelib / "kinfolk-peft-registration.pth").is_file()
+    registered = (
+        "import sys; started = 'kinfolk' in sys.modules and 'peft' not in sys.modules\n"
+        "import peft; from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING as M\n"
+        "print(started, M[peft.PeftType('ATLAS')].__module__, sys.modules['kinfolk'].__file__)"
+    )
+    out = subprocess.run(
+        [str(python), "-c", registered], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
+    )
+    started, module, init = out.stdout.split()
+    assert (started, module) == ("True", "kinfolk.plugins.atlas.config")
+    assert Path(init).is_relative_to(purelib), init
 
 
 def _fresh_python(code: str) -> str:
@@ -133,3 +146,33 @@ def test_the_command_line_starts_without_the_heavy_stack():
         "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
     )
     assert loaded == "[]"
+
+
+def test_no_public_name_means_something_else_in_the_stack():
+    """A kinfolk export named like a TRL, PEFT or transformers export would shadow it in `from x import *` scripts
+    and mislead users swapping classes into TRL's scripts (TRL 1.16 exports an on-policy `DistillationTrainer`)."""
+    import importlib
+
+    import peft
+    import transformers
+    import trl
+
+    stack = {library.__name__: set(dir(library)) for library in (trl, peft, transformers)}
+    clashes = [
+        f"{module}.{name} vs {library}.{name}"
+        for module in ("kinfolk.trainers", "kinfolk.callbacks", "kinfolk.plugins.atlas", "kinfolk.plugins.adapt")
+        for name in importlib.import_module(module).__all__
+        for library, names in stack.items()
+        if name in names
+    ]
+    assert clashes == []
+
+
+def test_plotting_is_a_core_dependency():
+    """`pip install kinfolk` must draw the weights histogram and the demo's plots, not skip them silently."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    core = {Requirement(line).name for line in requires("kinfolk") if "extra ==" not in line}
+    assert "matplotlib" in core

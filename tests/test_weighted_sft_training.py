@@ -15,9 +15,11 @@ from sft_helpers import (
     weighted_data,
     weighted_trainer,
 )
+from test_weighted_sft import _reference_loss
 
-from kinfolk.testing import conversational_dataset
+from kinfolk.testing import build_model, conversational_dataset
 from kinfolk.tokens import IGNORE_INDEX
+from kinfolk.trainers.weighted_sft_data import WeightColumnError
 
 RANDOM_WEIGHTS = [0.3, 1.7, 0.0, 2.5, 0.8, 1.1, 4.0, 0.6]
 SGD = {"optim": "sgd", "learning_rate": 0.5, "weight_decay": 0.0, "lr_scheduler_type": "constant"}
@@ -49,6 +51,67 @@ def test_unit_weights_train_like_sft_trainer_over_several_steps(tiny_tokenizer, 
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
             if key in reference:
                 assert mine[key] == reference[key], key
+        if "loss" in reference:  # with unit weights the unweighted loss is SFTTrainer's loss
+            assert mine["unweighted_loss"] == pytest.approx(reference["loss"], rel=1e-6)
+
+
+def test_unweighted_loss_is_the_pooled_token_loss_of_each_step(tiny_tokenizer, tmp_path):
+    """At learning rate 0 every step sees the same model, and each step is all 8 rows in 4 micro-batches of 2, so
+    each logged `unweighted_loss` must be Σ M·ℓ / Σ M over the whole dataset (pooled, not a mean of micro-batch
+    means), whatever the example weights, and `loss` the weighted Σ W·M·ℓ / Σ M of the same tokens."""
+    options = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "max_steps": 2}
+    trainer = weighted_trainer(
+        tiny_tokenizer,
+        weighted_data(8, RANDOM_WEIGHTS),
+        tmp_path,
+        learning_rate=0.0,
+        prompt_loss_weight=0.2,
+        **options,
+    )
+    trainer.train()
+    rows = [
+        {"input_ids": row["input_ids"], "completion_mask": [int(w >= 1) for w in row["token_loss_weights"]]}
+        for row in trainer.train_dataset
+    ]
+    model = build_model("llama", tokenizer=tiny_tokenizer)
+    unweighted = _reference_loss(model, rows, [1.0] * len(rows), 0.2, "token")
+    weights = [row["example_weights"][0] for row in trainer.train_dataset]
+    weighted = _reference_loss(model, rows, weights, 0.2, "token")
+    logged = [record for record in trainer.state.log_history if "loss" in record]
+    assert [record["step"] for record in logged] == [1, 2]
+    for record in logged:
+        assert record["unweighted_loss"] == pytest.approx(unweighted, rel=1e-5)
+        assert record["loss"] == pytest.approx(weighted, rel=1e-5)
+    assert abs(weighted - unweighted) > 0.01  # the weights do change the loss
+
+
+def test_no_weight_statistics_without_a_weight_column(tiny_tokenizer, tmp_path):
+    from sft_helpers import config
+
+    from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+    data = weighted_data(4).remove_columns("weight")
+    trainer = WeightedSFTTrainer(
+        model=build_model("llama", tokenizer=tiny_tokenizer),
+        args=config(WeightedSFTConfig, tmp_path, weight_column=None, weight_eval_loss=True),
+        train_dataset=data,
+        eval_dataset=data,
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    trainer.evaluate()
+    train_record, eval_record = trainer.state.log_history[0], trainer.state.log_history[-1]
+    assert "unweighted_loss" in train_record and "eval_unweighted_loss" in eval_record
+    assert [name for record in trainer.state.log_history for name in record if "weight/" in name] == []
+
+
+def test_all_zero_weights_are_refused_before_training(tiny_tokenizer, tmp_path):
+    with pytest.raises(
+        WeightColumnError, match=r"every weight in the train dataset's weight column 'weight' is 0 \(3"
+    ):
+        weighted_trainer(tiny_tokenizer, weighted_data(3, [0.0, 0.0, 0.0]), tmp_path)
+    with pytest.raises(WeightColumnError, match=r"'weight' is 0 after clipping"):
+        weighted_trainer(tiny_tokenizer, weighted_data(3, [1.0, 2.0, 0.0]), tmp_path, weight_clip_max=0.0)
 
 
 def test_logs_weight_statistics_beside_trl_metrics(tiny_tokenizer, tmp_path):
@@ -169,5 +232,9 @@ def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_pa
     single = train_once(tiny_tokenizer, tmp_path / "single", mode, processes=1)
     launched = torch.load(out)
     assert (launched["num_processes"], launched["backend"]) == (2, "gloo")
-    assert launched["num_tokens"] == single.state.log_history[0]["num_tokens"]  # the same 8 rows in all
+    logged = single.state.log_history[0]
+    assert launched["num_tokens"] == logged["num_tokens"]  # the same 8 rows in all
+    # pooled over both ranks' tokens, as one process pools its two micro-batches
+    for key in ("loss", "unweighted_loss"):
+        assert launched[key] == pytest.approx(logged[key], rel=1e-5), key
     assert_same_tensors(launched["parameters"], parameters(single.model), rel=1e-5)

@@ -62,5 +62,7 @@ if __name__ == "__main__":
     state = trainer.accelerator.state
     if state.is_main_process:
         summary = {"num_processes": state.num_processes, "backend": state.backend}
-        summary["num_tokens"] = trainer.state.log_history[0]["num_tokens"]
+        summary.update({key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")})
         torch.save({**summary, "parameters": parameters(trainer.model)}, out)
+    # Tear gloo down before the interpreter does: exiting with the group alive can abort a rank at shutdown.
+    trainer.accelerator.end_training()

@@ -38,6 +38,7 @@ TOKEN_COLUMNS = (EXAMPLE_WEIGHTS, TOKEN_LOSS_WEIGHTS)
 
 # Batch keys added by `WeightedCollator`.
 LOSS_WEIGHTS = "loss_weights"
+TOKEN_MASS = "token_mass"  # the token loss weight alone (no example weight): the unweighted loss's weights
 WEIGHT_STATS = "weight_stats"
 # Layout of `weight_stats`: the three loss normalisers, then sums over the batch's trained examples (segments).
 STAT_NAMES = ("token_mass", "examples", "weight_mass", "weight_sum", "weight_square_sum", "weight_min", "weight_max")
@@ -83,7 +84,8 @@ class WeightTransform:
     ) -> WeightTransform:
         """Check `dataset`'s weight column (all rows of a `Dataset`) and fit the dataset-level normalisation.
 
-        Raises `WeightColumnError` naming the column and the columns present, or the offending rows.
+        Raises `WeightColumnError` naming the column and the columns present, or the offending rows, or when every
+        (clipped) weight is 0.
         """
         columns = get_dataset_column_names(dataset) or []
         if column not in columns:
@@ -106,15 +108,16 @@ class WeightTransform:
                 f"the {dataset_name} dataset's weight column {column!r} has {len(bad)} invalid value(s) (weights must "
                 f"be finite non-negative numbers) in rows {_describe_rows(bad, values)}"
             )
-        if not normalize:
-            return transform
         clipped = np.clip(np.asarray(values, dtype=np.float64), clip_min, clip_max)
-        mean = float(clipped.mean()) if clipped.size else 0.0
-        if mean <= 0:
+        if clipped.size and not clipped.any():
             raise WeightColumnError(
-                f"cannot normalise the {dataset_name} dataset's weights to mean 1: every weight in {column!r} is 0"
+                f"every weight in the {dataset_name} dataset's weight column {column!r} is 0"
+                + (" after clipping" if clip_max is not None and clip_max <= 0 else "")
+                + f" ({len(values)} rows): the weighted loss would be 0 and training would change nothing"
             )
-        return cls(column, clip_min, clip_max, 1.0 / mean)
+        if not normalize or not clipped.size:
+            return transform
+        return cls(column, clip_min, clip_max, 1.0 / float(clipped.mean()))
 
     def __call__(self, value: Any, row: int) -> float:
         if not _is_weight(value):
@@ -173,10 +176,11 @@ def _pad_rows(rows: list[torch.Tensor], width: int, value: float | int) -> torch
 
 @dataclass
 class WeightedCollator:
-    """TRL's language-modelling collator plus `loss_weights` (B, T) and `weight_stats` (len(STAT_NAMES),).
+    """TRL's language-modelling collator plus `loss_weights` and `token_mass` (B, T) and `weight_stats`.
 
-    `loss_weights` = example weight × token loss weight on every position whose label TRL scores (labels != -100,
-    not the first column, which nothing predicts), 0 elsewhere; it lines up with `labels` in both layouts.
+    `token_mass` = token loss weight on every position whose label TRL scores (labels != -100, not the first
+    column, which nothing predicts), 0 elsewhere; `loss_weights` = example weight × `token_mass`. Both line up with
+    `labels` in both layouts; `weight_stats` has len(STAT_NAMES) entries.
     """
 
     collator: DataCollatorForLanguageModeling
@@ -207,6 +211,7 @@ class WeightedCollator:
         mass = _pad_rows(token_weights, width, 0.0) * scored
         weights = _pad_rows(example_weights, width, 0.0) * mass
         batch[LOSS_WEIGHTS] = weights
+        batch[TOKEN_MASS] = mass
         batch[WEIGHT_STATS] = self._stats(mass, weights, _pad_rows(segments, width, first), first)
         return batch
 

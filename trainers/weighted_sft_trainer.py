@@ -16,9 +16,19 @@ counts examples, refuses it, and the logged weight statistics treat each wrapped
 Regularisers against forgetting, on retained data (`retained_dataset=` or `retained_dataset_name`): Replay
 (`replay_ratio`) and Output-KL (`output_kl_coef`); see `kinfolk.trainers.regularisers`.
 
-Logged on top of TRL's metrics: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log
-and `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw²; with Output-KL,
-`output_kl`.
+Logged on top of TRL's metrics:
+- `unweighted_loss`: the mean token loss with every example weight 1, Σ M·ℓ / Σ M with M the token loss weight
+  (1 on trained tokens, `prompt_loss_weight` on the others), pooled over each optimiser step's micro-batches and
+  ranks and averaged over the steps since the last log exactly as `loss` is. It does not depend on the weights, so
+  runs with different weightings can be compared on it; with unit weights and `weight_reduction="token"` it equals
+  `loss`. (Evaluation: `eval_unweighted_loss`, the mean over evaluation batches like TRL's other eval metrics.)
+- with a weight column: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log and
+  `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw² (`eval_weight/*`
+  with `weight_eval_loss`);
+- with Output-KL, `output_kl`.
+
+A weight column whose weights are all 0 (after clipping) is refused when the dataset is prepared, before training:
+it would train nothing. A streamed (iterable) dataset cannot be checked in advance.
 
 >>> import tempfile
 >>> from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
@@ -53,6 +63,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
 from kinfolk.data import load_splits
+from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
@@ -61,6 +72,7 @@ from kinfolk.trainers.weighted_sft_data import (
     NORMALIZER,
     STAT,
     TOKEN_COLUMNS,
+    TOKEN_MASS,
     WEIGHT_STATS,
     WeightedCollator,
     WeightTransform,
@@ -76,15 +88,19 @@ class _WeightedLogProbs:
 
     `SFTTrainer.compute_loss` reduces Σ(−log_probs) / N and logs entropy, token accuracy and token counts from the
     same outputs; handed log-probs already multiplied by W·N/D it returns Σ W·ℓ / D and keeps every TRL metric.
+    On the way it keeps Σ M·ℓ (detached), the numerator of the unweighted loss, with M = `token_mass`.
     """
 
-    def __init__(self, model: torch.nn.Module, weights: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, weights: torch.Tensor, token_mass: torch.Tensor):
         self.model = model
         self.weights = weights
+        self.token_mass = token_mass
+        self.unweighted_nll_sum: torch.Tensor | None = None
 
     def __call__(self, *args, **kwargs):
         outputs = self.model(*args, **kwargs)
         if kwargs.get("fused_lm_head"):
+            self.unweighted_nll_sum = -(outputs.log_probs.detach() * self.token_mass).sum()
             outputs.log_probs = outputs.log_probs * self.weights
         return outputs
 
@@ -212,6 +228,7 @@ class WeightedSFTTrainer(SFTTrainer):
             processing_class=processing_class,
             **kwargs,
         )
+        warn_if_fewer_processes(self.args.world_size)
         if self._skip_prepare_dataset:  # vision datasets are prepared on the fly, without weight columns
             raise ValueError("WeightedSFTTrainer supports text datasets only; this dataset holds images.")
         parallelism = self.accelerator.parallelism_config
@@ -227,7 +244,12 @@ class WeightedSFTTrainer(SFTTrainer):
             )
         self.data_collator = WeightedCollator(self.data_collator)
         self._weight_metrics = {"train": _WeightMetrics(), "eval": _WeightMetrics()}
+        # Weight statistics only describe weights a dataset column gave.
+        has_weights = args.weight_column is not None
+        self._logs_weights = {"train": has_weights, "eval": has_weights and args.weight_eval_loss}
         self._step_normalizer: torch.Tensor | None = None
+        self._step_token_mass: torch.Tensor | None = None
+        self._step_unweighted_loss: torch.Tensor | None = None
         self._micro_step = 0
         self._output_kl = self._build_output_kl(args) if args.output_kl_coef > 0 else None
 
@@ -337,39 +359,51 @@ class WeightedSFTTrainer(SFTTrainer):
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._close_unweighted_step()
         self._micro_step = 0
-        self._step_normalizer = None
+        self._step_normalizer = self._step_token_mass = None
         if num_items_in_batch is not None and batch_samples:
             self._step_normalizer = self._global_normalizer(batch_samples, device)
+            self._step_token_mass = self._step_total(batch_samples, "token_mass", device, across_ranks=True)
         return batch_samples, num_items_in_batch
+
+    def _step_total(self, batch_samples: list[dict[str, Any]], stat: str, device, across_ranks: bool) -> torch.Tensor:
+        """A `weight_stats` entry summed over every micro-batch of the step (and over the ranks)."""
+        total = sum(batch[WEIGHT_STATS][STAT[stat]].to(device) for batch in batch_samples)
+        if across_ranks and self.args.world_size > 1:
+            total = self.accelerator.gather(total).sum()
+        return total
 
     def _global_normalizer(self, batch_samples: list[dict[str, Any]], device) -> torch.Tensor:
         """The reduction's D over every micro-batch of the step, counted the way transformers counts N."""
-        index = STAT[NORMALIZER[self.args.weight_reduction]]
-        normalizer = sum(batch[WEIGHT_STATS][index].to(device) for batch in batch_samples)
-        if self.args.average_tokens_across_devices and self.args.world_size > 1:
-            normalizer = self.accelerator.gather(normalizer).sum()
+        normalizer = self._step_total(
+            batch_samples, NORMALIZER[self.args.weight_reduction], device, self.args.average_tokens_across_devices
+        )
         return normalizer / (self.get_tp_size() * self.get_cp_size() * self.get_sp_size())
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
         weights = inputs.pop(LOSS_WEIGHTS)[:, 1:]
+        token_mass = inputs.pop(TOKEN_MASS)[:, 1:]
         stats = inputs.pop(WEIGHT_STATS)
         mode = "train" if self.model.training else "eval"
-        self._weight_metrics[mode].update(self.accelerator.gather(stats[None]))
+        if self._logs_weights[mode]:
+            self._weight_metrics[mode].update(self.accelerator.gather(stats[None]))
         # SFTTrainer divides by N (the step's label count, or this batch's without one); W·N/D makes that Σ W·ℓ / D.
-        if num_items_in_batch is not None and self._step_normalizer is not None and mode == "train":
+        in_step = num_items_in_batch is not None and self._step_normalizer is not None and mode == "train"
+        if in_step:
             count, normalizer = num_items_in_batch, self._step_normalizer
         else:
             count = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
             normalizer = stats[STAT[NORMALIZER[self.args.weight_reduction]]]
         count = torch.as_tensor(count, dtype=weights.dtype, device=weights.device)
         scale = torch.where(normalizer > 0, count / normalizer, torch.zeros_like(count))
+        weighted_model = _WeightedLogProbs(model, weights * scale, token_mass)
         result = super().compute_loss(
-            _WeightedLogProbs(model, weights * scale),
-            inputs,
-            return_outputs=return_outputs,
-            num_items_in_batch=num_items_in_batch,
+            weighted_model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
+        self._record_unweighted_loss(
+            weighted_model.unweighted_nll_sum, stats, mode, in_step and self._step_token_mass is not None
         )
         if self._output_kl is None or mode != "train":
             return result
@@ -379,6 +413,23 @@ class WeightedSFTTrainer(SFTTrainer):
         steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
         loss = loss + self.args.output_kl_coef * self._retained_kl(model) / steps
         return (loss, outputs) if return_outputs else loss
+
+    def _record_unweighted_loss(self, nll_sum: torch.Tensor, stats: torch.Tensor, mode: str, in_step: bool) -> None:
+        """Σ M·ℓ over every rank, divided by the step's Σ M in the training loop (one value per optimiser step, as
+        `loss`), else by this batch's (one value per batch, as TRL's eval metrics)."""
+        nll_sum = self.accelerator.gather(nll_sum[None]).sum()
+        if in_step:
+            share = nll_sum / self._step_token_mass.clamp(min=torch.finfo(nll_sum.dtype).tiny)
+            previous = self._step_unweighted_loss
+            self._step_unweighted_loss = share if previous is None else previous + share
+            return
+        mass = self.accelerator.gather(stats[STAT["token_mass"]][None]).sum()
+        self._metrics[mode]["unweighted_loss"].append((nll_sum / mass).item() if mass > 0 else 0.0)
+
+    def _close_unweighted_step(self) -> None:
+        if self._step_unweighted_loss is not None:
+            self._metrics["train"]["unweighted_loss"].append(self._step_unweighted_loss.item())
+            self._step_unweighted_loss = None
 
     def _retained_kl(self, model) -> torch.Tensor:
         """Output-KL of this micro-batch's retained batch, whose index follows from the step, micro-batch and rank."""
@@ -391,6 +442,8 @@ class WeightedSFTTrainer(SFTTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
+        if mode == "train":  # the step just taken is complete: its unweighted loss joins the average
+            self._close_unweighted_step()
         prefix = "eval_" if mode == "eval" else ""
         logs.update({prefix + key: value for key, value in self._weight_metrics[mode].summary().items()})
         self._weight_metrics[mode].reset()

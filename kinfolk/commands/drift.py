@@ -52,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     runs = [load_run(method, seed, path, args.target, args.kl) for method, seed, path in args.run]
     report = target_matched(runs, args.method, requirements, n_resamples=args.bootstrap, seed=args.seed)
     report.update(target=args.target, kl=args.kl)
-    text, plotted = write_report(report, out, overwrite=args.overwrite)
-    print(text)
-    print(f"written to {out}" + ("" if plotted else " (no drift.png: install matplotlib, kinfolk[plots])"))
+    print(write_report(report, out, overwrite=args.overwrite))
+    print(f"written to {out}")
     return 0

@@ -10,7 +10,7 @@ Reads top to bottom, one stage per method, each built from kinfolk's own compone
 3. ATLAS: `fit_atlas` on retained (copying) data, then an ATLAS and a LoRA adapter at the same placement and rank
    learn the target skill (reversal) with `RetainedKLCallback` tracking KL(frozen ‖ current) on retained contexts
    and `LmEvalCallback` the target score (one seed of `kinfolk lab experiment atlas`, its two main methods);
-4. ADAPT: `merge` init-student (teacher and both variants), `DistillationTrainer` distils the base student, the
+4. ADAPT: `merge` init-student (teacher and both variants), `LayerDistillationTrainer` distils the base student, the
    weight delta is applied to each variant's student, and `patch --all` rebuilds every size of each variant;
 5. evaluation: every trained model on every skill (greedy, own evaluator) and with the lab's lm-eval tasks;
 6. `report.md`, `results.json` and PNG plots in `--out`; the headline table is printed.

@@ -178,14 +178,12 @@ def headline_table(results: dict) -> str:
 
 
 def write_plots(results: dict, out: Path) -> list[str]:
-    """PNG plots next to the report; an empty list (and a note in the report) when matplotlib is missing."""
-    try:
-        import matplotlib
+    """PNG plots next to the report."""
+    import matplotlib  # a core dependency, imported here to keep it off the start-up path
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     written = []
 
     @contextlib.contextmanager
@@ -302,12 +300,7 @@ def write_report(results: dict, out: str | Path) -> Path:
         ),
         "## lm-eval (kinfolk_lab_* tasks, exact match)\n\n"
         + markdown_table(["model", *next(iter(results["lm_eval"].values())).keys()], lm_eval_rows(results)),
-        "## Plots\n\n"
-        + (
-            "\n".join(f"![{p}]({p})" for p in plots)
-            if plots
-            else "matplotlib is not installed (`pip install kinfolk[plots]`): no plots."
-        ),
+        "## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in plots),
     ]
     path = out / "report.md"
     with atomic_file(path) as handle:

@@ -1,4 +1,4 @@
-"""How the lab trains: `WeightedSFTTrainer` (and `DistillationTrainer`) on CPU with the lab's step budgets, then an
+"""How the lab trains: `WeightedSFTTrainer` (and `LayerDistillationTrainer`) on CPU with the lab's step budgets, then an
 atomic save.
 
 Every model of the family and every run of the demo goes through `lab_trainer`, so they share one recipe:
@@ -149,12 +149,12 @@ def lab_distil(
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """`DistillationTrainer` from the `student` directory towards `teacher` on `dataset`, saved atomically at `out`
+    """`LayerDistillationTrainer` from the `student` directory towards `teacher` on `dataset`, saved atomically at `out`
     with the tokenizer: the same batch, length and schedule recipe as `lab_trainer`."""
-    from kinfolk.trainers import DistillationConfig, DistillationTrainer
+    from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
     with atomic_directory(out, overwrite=True) as staging, tempfile.TemporaryDirectory() as scratch:
-        args = DistillationConfig(
+        args = LayerDistillationConfig(
             output_dir=scratch,
             use_cpu=True,
             bf16=False,
@@ -170,7 +170,7 @@ def lab_distil(
             warmup_steps=min(50, steps // 10),
             gradient_checkpointing=False,
         )
-        trainer = DistillationTrainer(
+        trainer = LayerDistillationTrainer(
             model=str(student),
             teacher_model=str(teacher),
             args=args,

@@ -1,6 +1,7 @@
 """ATLAS adapters: a PEFT tuner type whose low-rank residual is centred, scaled and filtered per token by an atlas of
-the frozen model's activations on retained data. Importing this package (which `import kinfolk` does) registers the
-`ATLAS` PEFT type, so adapters load with `PeftModel.from_pretrained` and `AutoPeftModelForCausalLM`.
+the frozen model's activations on retained data. Importing this package registers the `ATLAS` PEFT type, so adapters
+load with `PeftModel.from_pretrained` and `AutoPeftModelForCausalLM`; kinfolk's startup hook imports it whenever
+PEFT is imported, in every process of an environment where kinfolk is installed (see `kinfolk/__init__.py`).
 
 >>> from peft import get_peft_model
 >>> from kinfolk.plugins.atlas import AtlasConfig

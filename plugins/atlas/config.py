@@ -120,3 +120,10 @@ class AtlasConfig(PeftConfig):
     @property
     def torch_atlas_dtype(self) -> torch.dtype:
         return ATLAS_DTYPES[self.atlas_dtype]
+
+    def save_pretrained(self, save_directory: str, **kwargs) -> None:
+        """PEFT's `adapter_config.json`, then the model card's kinfolk section (PEFT has written its card by now)."""
+        super().save_pretrained(save_directory, **kwargs)
+        from kinfolk.plugins.atlas.model_card import write_atlas_card
+
+        write_atlas_card(save_directory)

@@ -121,14 +121,12 @@ def _number(value: float | None) -> str:
 def write_report(
     report: dict[str, Any], directory: str | Path, weights: np.ndarray | None = None, prefix: str = ""
 ) -> list[Path]:
-    """Write `<prefix>weights_report.json` and, when matplotlib is installed and `weights` given, a histogram PNG."""
+    """Write `<prefix>weights_report.json` and, when `weights` are given, a histogram PNG."""
     directory = Path(directory)
     written = [write_json(directory / f"{prefix}{REPORT_NAME}", _jsonable(report))]
     if weights is not None:
-        try:
-            import matplotlib
-        except ImportError:
-            return written
+        import matplotlib  # a core dependency, imported here to keep it off the start-up path
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 

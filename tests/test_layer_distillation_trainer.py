@@ -1,4 +1,4 @@
-"""DistillationTrainer against a hand-written loss on full logits, SFTTrainer identities and its two-phase order."""
+"""LayerDistillationTrainer against a hand-written loss on full logits, SFTTrainer identities and its two-phase order."""
 
 import json
 import os
@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from kinfolk.plugins.adapt import LayerMap, merge
 from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
-from kinfolk.trainers import DistillationConfig, DistillationTrainer
+from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,11 @@ def make_args(tmp_path, **overrides):
     values = {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "report_to": [],
               "per_device_train_batch_size": 4, "save_strategy": "no", "logging_steps": 1, "seed": 0}  # fmt: skip
     values.update(overrides)
-    return DistillationConfig(**values)
+    return LayerDistillationConfig(**values)
 
 
 def make_trainer(pair, tmp_path, tokenizer, pretraining=None, **overrides):
-    return DistillationTrainer(
+    return LayerDistillationTrainer(
         model=str(pair["student"]),
         teacher_model=str(pair["teacher"]),
         args=make_args(tmp_path, **overrides),
@@ -213,10 +213,10 @@ def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, ti
     model = AutoModelForCausalLM.from_pretrained(pair["student"])
     model.name_or_path = ""  # built in memory: no directory to find a map in
     with pytest.raises(ValueError, match="no layer map"):
-        DistillationTrainer(model=model, teacher_model=str(pair["teacher"]), args=make_args(tmp_path),
+        LayerDistillationTrainer(model=model, teacher_model=str(pair["teacher"]), args=make_args(tmp_path),
                             train_dataset=prompt_completion_dataset(4), processing_class=tiny_tokenizer)  # fmt: skip
     with pytest.raises(ValueError, match="does not fit a 2-layer student and a 2-layer teacher"):
-        DistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
+        LayerDistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
                             args=make_args(tmp_path), train_dataset=prompt_completion_dataset(4),
                             processing_class=tiny_tokenizer)  # fmt: skip
 

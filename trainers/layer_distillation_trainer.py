@@ -1,4 +1,4 @@
-"""`DistillationTrainer`: boomerang / ADAPT distillation of a layer-subset student from its frozen teacher.
+"""`LayerDistillationTrainer`: boomerang / ADAPT distillation of a layer-subset student from its frozen teacher.
 
 Built on TRL's `SFTTrainer`, so data preparation, completion / assistant masks, packing, padding-free batches,
 gradient accumulation and logging are the SFT trainer's own. On top of its cross-entropy (computed by TRL's fused
@@ -13,10 +13,14 @@ Two phases, one schedule: `pretraining_dataset` (plain text, every token trained
 continuous learning-rate schedule. Give only `train_dataset` for a single phase. The teacher is frozen, in eval
 mode and never wrapped for gradients.
 
-    trainer = DistillationTrainer(
+The name says what sets it apart from TRL's `DistillationTrainer`, which is on-policy (the student generates, then
+matches the teacher's output distribution): this one is teacher-forced on the dataset's tokens and aligns the
+student's layers with the teacher's blocks, the recipe that turns a layer-dropped student back into its teacher.
+
+    trainer = LayerDistillationTrainer(
         model="students/base-init",            # from `kinfolk merge init-student`, holds adapt_layer_map.json
         teacher_model="Qwen/Qwen3-4B-Base",
-        args=DistillationConfig(output_dir="students/base-distilled"),
+        args=LayerDistillationConfig(output_dir="students/base-distilled"),
         pretraining_dataset=pile_sample,       # {"text": ...}
         train_dataset=sft_data,                # prompt / completion or messages
     )
@@ -41,9 +45,10 @@ from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
 from kinfolk.divergence import OutputHead, chunked_divergence
+from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.layout import base_model, decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
-from kinfolk.trainers.distillation_config import DistillationConfig
+from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 
 class _LayerOutputs:
@@ -154,7 +159,7 @@ def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> La
     return found
 
 
-class DistillationTrainer(SFTTrainer):
+class LayerDistillationTrainer(SFTTrainer):
     """SFTTrainer + frozen teacher: CE + λ_KL·T²·KL + λ_cos·Σ(1 − cos), optionally after a pre-training phase."""
 
     _tag_names: ClassVar[list[str]] = ["trl", "sft", "kinfolk", "distillation"]
@@ -163,7 +168,7 @@ class DistillationTrainer(SFTTrainer):
         self,
         model: str | PreTrainedModel,
         teacher_model: str | PreTrainedModel,
-        args: DistillationConfig | None = None,
+        args: LayerDistillationConfig | None = None,
         train_dataset: Dataset | None = None,
         eval_dataset: Dataset | dict[str, Dataset] | None = None,
         processing_class=None,
@@ -173,14 +178,15 @@ class DistillationTrainer(SFTTrainer):
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
-            args = DistillationConfig(f"{Path(str(name)).name}-distilled")
+            args = LayerDistillationConfig(f"{Path(str(name)).name}-distilled")
         if kwargs.get("compute_loss_func") is not None:
-            raise ValueError("DistillationTrainer computes its own loss; compute_loss_func is not supported")
+            raise ValueError("LayerDistillationTrainer computes its own loss; compute_loss_func is not supported")
         self.layer_map = resolve_layer_map(layer_map or args.layer_map, model)
         super().__init__(
             model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=processing_class, **kwargs,
         )  # fmt: skip
+        warn_if_fewer_processes(self.args.world_size)
         self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
 
         if isinstance(teacher_model, str):

@@ -1,11 +1,11 @@
-"""`DistillationConfig`: the SFT config plus the ADAPT / boomerang distillation loss and the papers' defaults.
+"""`LayerDistillationConfig`: the SFT config plus the ADAPT / boomerang distillation loss and the papers' defaults.
 
 Loss per trained token: CE + kl_weight · T² · KL(teacher ‖ student) + cosine_weight · Σ_i (1 − cos(h_i, g_i)),
 where h_i is student layer i's output and g_i the output of the last teacher layer of its block (layer map).
 Defaults follow the papers: kl_weight 0.1, cosine_weight 10 / (M + 1) (ADAPT; boomerang used 2.0), lr 3e-4,
 AdamW β = (0.9, 0.95), weight decay 0.1, cosine schedule. Loads from YAML with `TrlParser` like any TRL config.
 
->>> config = DistillationConfig(output_dir="out", use_cpu=True, bf16=False)
+>>> config = LayerDistillationConfig(output_dir="out", use_cpu=True, bf16=False)
 >>> config.kl_weight, config.learning_rate, config.adam_beta2, config.lr_scheduler_type.value
 (0.1, 0.0003, 0.95, 'cosine')
 """
@@ -19,9 +19,9 @@ from trl import SFTConfig
 
 
 @dataclass
-class DistillationConfig(SFTConfig):
+class LayerDistillationConfig(SFTConfig):
     r"""
-    Configuration for [`DistillationTrainer`]: every [`~trl.SFTConfig`] field, plus the distillation loss.
+    Configuration for [`LayerDistillationTrainer`]: every [`~trl.SFTConfig`] field, plus the distillation loss.
 
     Parameters:
         teacher_model_init_kwargs (`dict`, *optional*):
@@ -71,4 +71,6 @@ class DistillationConfig(SFTConfig):
             raise ValueError(f"loss weights must be non-negative (kl_weight {self.kl_weight}, "
                              f"cosine_weight {self.cosine_weight})")  # fmt: skip
         if self.label_smoothing_factor:
-            raise ValueError("label_smoothing_factor is not supported by DistillationTrainer (the KL term softens)")
+            raise ValueError(
+                "label_smoothing_factor is not supported by LayerDistillationTrainer (the KL term softens)"
+            )

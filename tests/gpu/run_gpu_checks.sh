@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# kinfolk's GPU checks in one run: bf16 weighted SFT and ATLAS on one GPU, then the training parts under FSDP2
+# (`accelerate launch --config_file tests/gpu/fsdp2.yaml`) and DeepSpeed ZeRO-2 / ZeRO-3 (tests/gpu/zero*.json).
+# About 5-8 minutes on one H200; ends with one JSON line (also in OUT_DIR/summary.json). CI never runs it.
+#
+#   bash tests/gpu/run_gpu_checks.sh [OUT_DIR]                      from any directory; default runs/gpu-checks
+#
+# A machine without network (like the project's lent GPU machines) needs the packages its image lacks as wheels:
+# run `bash tests/gpu/fetch_wheels.sh` where pip works; it fills .gpu-wheels/ (git-ignored), which this script
+# installs first. DeepSpeed is skipped, with a note in the summary, when it cannot be imported.
+# KINFOLK_GPU_CHECKS_DEVICE=cpu: a dry run of these scripts on CPU at a tiny size, with 2-process DDP in place of
+# FSDP2 and ZeRO (checks the scripts, not the GPU).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-runs/gpu-checks}
+PY=${PYTHON:-python3}
+SITE=/tmp/kinfolk-gpu-site
+mkdir -p "$OUT"
+if ! $PY -c "import trl" 2>/dev/null && compgen -G ".gpu-wheels/*.whl" >/dev/null; then  # the image lacks the stack
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu-wheels/*.whl || exit 1
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! (cd /tmp && $PY -c "import kinfolk.trainers" 2>/dev/null); then  # kinfolk itself: this checkout, no deps
+  $PY -m pip install -q --no-deps --no-build-isolation --target "$SITE" . || exit 1
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+$PY -c "import torch, transformers, trl, peft, accelerate; print('stack:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, trl, peft, accelerate)), 'cuda', torch.cuda.is_available())"
+CHECKS="tests/gpu/gpu_checks.py"
+skipped=()
+$PY $CHECKS single "$OUT"
+if [ "${KINFOLK_GPU_CHECKS_DEVICE:-}" = cpu ]; then
+  $PY -m accelerate.commands.launch --multi_gpu --num_processes 2 $CHECKS launched ddp "$OUT"
+else
+  $PY -m accelerate.commands.launch --config_file tests/gpu/fsdp2.yaml $CHECKS launched fsdp2 "$OUT"
+  if $PY -c "import deepspeed" 2>/dev/null; then
+    for stage in 2 3; do
+      $PY -m torch.distributed.run --standalone --nproc_per_node 1 $CHECKS launched "zero$stage" "$OUT" \
+        --deepspeed "tests/gpu/zero$stage.json"
+    done
+  else
+    echo "DeepSpeed ZeRO-2/3 skipped: deepspeed cannot be imported (tests/gpu/fetch_wheels.sh builds its wheel)" >&2
+    skipped+=(--skipped "zero2, zero3: deepspeed cannot be imported")
+  fi
+fi
+$PY $CHECKS summary "$OUT" "${skipped[@]}" | tee "$OUT/summary.json"
