@@ -24,6 +24,8 @@ from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
 
+from kinfolk.errors import DatasetFormatError, EmptyDatasetError  # noqa: F401  (re-exported)
+
 IGNORE_INDEX = -100
 
 # Columns each dataset type must provide, as TRL reads them.
@@ -32,10 +34,6 @@ DATASET_TYPES = {
     "conversational": ("messages",),
     "prompt-completion": ("prompt", "completion"),
 }
-
-
-class DatasetFormatError(ValueError):
-    """The dataset does not have the columns or contents an SFT dataset needs."""
 
 
 @dataclasses.dataclass

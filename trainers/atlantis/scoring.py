@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kinfolk.atomic import fingerprint
+from kinfolk.errors import ScoringError
 from kinfolk.logprobs import label_log_probs, pad_right
 from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
 from kinfolk.trainers.atlantis.batching import chunk_plan, chunks_for_process, token_budget_batches
@@ -53,10 +54,6 @@ logger = logging.getLogger(__name__)
 
 # Columns TRL's dataset preparation reads (besides the text field).
 TEXT_COLUMNS = ("prompt", "completion", "messages", "conversations", "tools", "chat_template_kwargs")
-
-
-class ScoringError(ValueError):
-    """A row cannot be scored (overlong, nothing to score, non-finite result); the message names row and model."""
 
 
 @dataclass

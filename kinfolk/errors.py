@@ -1,0 +1,123 @@
+"""Every error kinfolk raises for bad input, in one place: what a command line reports as one line and exit 2.
+
+All of them derive from `KinfolkInputError`, itself a `ValueError`, and their messages are one line that names
+the culprit (the file, row, tensor or config field); the types that are also about a path derive from the
+matching `OSError` too (`FileNotFoundError`, `FileExistsError`, `PermissionError`), so code that catches those
+keeps working. Anything else that escapes kinfolk is a bug or a runtime failure (out of memory, a lost device),
+not the user's input.
+
+The modules that raise them re-export them where they were first defined (`kinfolk.tokens.DatasetFormatError`,
+`kinfolk.plugins.adapt.CheckpointError`, ...).
+
+>>> error = CorruptFileError("adapter_model.safetensors is truncated", path="out/adapter_model.safetensors")
+>>> isinstance(error, ValueError), error.path
+(True, 'out/adapter_model.safetensors')
+>>> issubclass(OutputExistsError, FileExistsError) and issubclass(OutputExistsError, KinfolkInputError)
+True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class KinfolkInputError(ValueError):
+    """Bad input from the user: a file, dataset, model, config field or option kinfolk cannot use as given.
+
+    `path` is the offending file or directory when there is one (the message names it either way).
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+
+
+# --- files and outputs -------------------------------------------------------------------------------------------
+
+
+class MissingInputError(KinfolkInputError, FileNotFoundError):
+    """An input file or directory that does not exist (or lacks a file it must hold)."""
+
+
+class CorruptFileError(KinfolkInputError):
+    """An input file that exists but cannot be read: a truncated safetensors file, broken JSON, a damaged archive."""
+
+
+class OutputExistsError(KinfolkInputError, FileExistsError):
+    """The destination exists and the caller did not ask to overwrite it."""
+
+
+class OutputNotWritableError(KinfolkInputError, PermissionError):
+    """The destination cannot be created: its parent is a file, read-only, or not permitted."""
+
+
+# --- datasets ----------------------------------------------------------------------------------------------------
+
+
+class DatasetFormatError(KinfolkInputError):
+    """The dataset does not have the columns or contents an SFT dataset needs."""
+
+
+class EmptyDatasetError(DatasetFormatError):
+    """A dataset with no rows (or none left to use) where rows are needed."""
+
+
+class WeightColumnError(DatasetFormatError):
+    """The weight column of a weighted SFT dataset is missing, non-numeric, negative, non-finite or all zero."""
+
+
+class ScoringError(KinfolkInputError):
+    """A row cannot be scored (overlong, nothing to score, non-finite result); the message names row and model."""
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+
+
+class ModelInputError(KinfolkInputError):
+    """A model argument that cannot serve: no such directory, no loadable config, no weights, no tokenizer."""
+
+
+class UnsupportedArchitectureError(KinfolkInputError):
+    """The model's architecture is not one kinfolk knows the layout of."""
+
+
+# --- ADAPT merges --------------------------------------------------------------------------------------------------
+
+
+class CheckpointError(KinfolkInputError):
+    """An input directory that is not the kind of checkpoint the operation needs."""
+
+
+class TensorMismatchError(KinfolkInputError):
+    """Two inputs whose tensors do not line up; `kind` is missing, extra, shape or dtype and `tensor` the name."""
+
+    def __init__(self, message: str, kind: str = "", tensor: str = ""):
+        super().__init__(message)
+        self.kind, self.tensor = kind, tensor
+
+
+class LayerMapError(KinfolkInputError):
+    """A layer-selection rule or a layer map that does not describe a partition of the teacher's layers."""
+
+
+class LayerMapMismatchError(KinfolkInputError):
+    """Inputs built on different layer maps (e.g. a delta from another layer selection)."""
+
+
+class TeacherMismatchError(KinfolkInputError):
+    """A teacher whose fingerprint differs from the one recorded when the student was initialised from it."""
+
+
+class MergeError(KinfolkInputError):
+    """A tensor the plan cannot compute (e.g. an integer tensor in a weighted sum)."""
+
+
+# --- ATLAS adapters ----------------------------------------------------------------------------------------------
+
+
+class AdapterConfigError(KinfolkInputError):
+    """An ATLAS config that does not fit the module it adapts (e.g. a rank above the module's width)."""
+
+
+class AdapterConfigMismatchError(KinfolkInputError):
+    """A saved adapter whose tensors disagree with its own adapter_config.json (a field edited after saving)."""
