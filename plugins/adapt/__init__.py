@@ -5,6 +5,7 @@ Plan-then-execute, as mergekit: a typed config (`config`) becomes a plan of outp
 atomically renamed output (`execute`). `kinfolk merge <op> CONFIG.yaml --out DIR` is the command line (`cli`).
 """
 
+from kinfolk.errors import TeacherMismatchError
 from kinfolk.plugins.adapt.api import merge
 from kinfolk.plugins.adapt.checkpoint import (
     Checkpoint,
@@ -44,6 +45,7 @@ __all__ = [
     "MergeError",
     "MergePlan",
     "PatchConfig",
+    "TeacherMismatchError",
     "TensorMismatchError",
     "build_plan",
     "delta_cosine",

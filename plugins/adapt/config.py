@@ -27,13 +27,14 @@ import torch
 import yaml
 from transformers.utils.hub import convert_file_size_to_int
 
+from kinfolk.errors import KinfolkInputError
 from kinfolk.plugins.adapt.layer_map import LayerMapError, LayerSelection
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 PATCH_ORDERS = ("front-to-back", "back-to-front")
 
 
-class MergeConfigError(ValueError):
+class MergeConfigError(KinfolkInputError):
     """A merge config with an unknown, missing or invalid field."""
 
 
@@ -159,6 +160,14 @@ class PatchConfig(MergeConfig):
     num_patched: int | None = field(default=None, metadata={"help": "how many student layers to patch, in `order`"})
     patched_layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "explicit student layers to patch (instead of order + num_patched)"}
+    )
+    # Issue 19: the teacher must be the one the student was initialised from (its recorded fingerprint).
+    allow_other_teacher: bool = field(
+        default=False,
+        metadata={
+            "help": "patch with a teacher whose fingerprint differs from the one recorded when the student was "
+            "initialised (the same model re-saved, or a deliberate cross-patch); stated in the output's provenance"
+        },
     )
 
     def __post_init__(self):
