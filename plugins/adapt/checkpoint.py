@@ -14,6 +14,7 @@ shape b | apply-delta: tensor 'b' has shape (3,) in init but (4,) in delta (1 mi
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,10 +165,9 @@ def _existing_directory(role: str, path: str | Path) -> Path:
 
 def _same_kind(error: KinfolkInputError, message: str) -> KinfolkInputError:
     """A copy of `error` (same type, path and details) with another message."""
-    copy = type(error).__new__(type(error))
-    copy.__dict__.update(error.__dict__)
-    copy.args = (message,)
-    return copy
+    renamed = copy.copy(error)
+    renamed.args = (message,)
+    return renamed
 
 
 def compare_manifests(

@@ -48,6 +48,8 @@ class LayerSelection:
                 raise LayerMapError("layers: an explicit list cannot be combined with every / first / last")
             if not self.layers:
                 raise LayerMapError("layers: the explicit list is empty")
+            if not all(isinstance(value, int) and not isinstance(value, bool) for value in self.layers):
+                raise LayerMapError(f"layers: expected a list of layer indices, got {list(self.layers)}")
         elif all(value is None for value in (self.every, self.first, self.last)):
             raise LayerMapError("a layer selection needs one of: every, first, last, layers")
         for name in ("every", "first", "last"):
@@ -60,13 +62,13 @@ class LayerSelection:
         (a rule that would be clamped to fit is a rule meant for another teacher)."""
         if self.layers is not None:
             kept = list(self.layers)
+            outside = [index for index in kept if not 0 <= index < num_layers]
+            if outside:
+                raise LayerMapError(f"layers: {outside} are outside the teacher's layers 0..{num_layers - 1}")
             if len(set(kept)) != len(kept):
                 raise LayerMapError(f"layers: {kept} lists a layer twice")
             if kept != sorted(kept):
                 raise LayerMapError(f"layers: {kept} must be in increasing order (blocks are consecutive layers)")
-            outside = [index for index in kept if not 0 <= index < num_layers]
-            if outside:
-                raise LayerMapError(f"layers: {outside} are outside the teacher's layers 0..{num_layers - 1}")
             return kept
         for name in ("every", "first", "last"):
             value = getattr(self, name)
