@@ -121,3 +121,7 @@ class AdapterConfigError(KinfolkInputError):
 
 class AdapterConfigMismatchError(KinfolkInputError):
     """A saved adapter whose tensors disagree with its own adapter_config.json (a field edited after saving)."""
+
+
+class AdapterBaseMismatchError(KinfolkInputError):
+    """A saved adapter loaded onto a base model it was not made for (modules of other widths)."""

@@ -55,8 +55,9 @@ def model_config(path: str | Path, role: str) -> PretrainedConfig:
         )
     if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
         raise ModelInputError(f"{role} model {path} has no config.json, so it is not a model directory", path=path)
-    if Path(path).is_dir():
-        read_json(Path(path) / "config.json", f"{role} model's config")  # names a broken file precisely
+    if Path(path).is_dir():  # the libraries' own errors about a broken JSON file often do not name it
+        for file in sorted(Path(path).glob("*.json")):
+            read_json(file, f"{role} model's file")
     try:
         return AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 from peft.config import PeftConfig
 
 from kinfolk.peft_types import extend_peft_type
+from kinfolk.plugins.atlas.saved import check_saved_adapter
 
 # Residual variants in the order of the paper's Table 14, then the full method (see layer.py for the equations).
 RESIDUALS = ("plain", "centered", "distance_scaled", "pca_scaled", "input_filter", "output_filter", "atlas")
@@ -116,6 +118,16 @@ class AtlasConfig(PeftConfig):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.routing_temperature > 0:
             raise ValueError(f"routing_temperature must be > 0, got {self.routing_temperature!r}")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs):
+        """PEFT's loader, plus a check of a local adapter's weights against this config (`saved.py`): an edited
+        `r` / `num_regions` / `num_directions` or a truncated file is named before PEFT builds anything."""
+        config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
+        directory = Path(pretrained_model_name_or_path) / (subfolder or "")
+        if isinstance(config, AtlasConfig) and directory.is_dir():
+            check_saved_adapter(directory, config.r, config.num_regions, config.num_directions)
+        return config
 
     @property
     def torch_atlas_dtype(self) -> torch.dtype:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from kinfolk.errors import EmptyDatasetError
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, squared_distances
 from kinfolk.plugins.atlas.layer import AtlasLayer, route
 
@@ -113,7 +114,9 @@ def fit_atlas(
     with _frozen(model), _capture(layers) as captured:
         for index in range(passes):
             phase = next(iter(kmeans.values())).phase
+            seen = 0
             for batch in _progress(batches, progress, f"atlas fit pass {index + 1}/{passes} ({phase})"):
+                seen += 1
                 batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
                 keep = _token_mask(batch, mask_prompt)
                 captured.clear()
@@ -123,6 +126,8 @@ def fit_atlas(
                     if name not in captured:
                         raise RuntimeError(f"the forward pass never reached the adapted module {name}")
                     km.observe(_select_tokens(captured[name], keep))
+            if index == 0:
+                _check_tokens_seen(seen, next(iter(kmeans.values())).rows_seen, mask_prompt)
             for km in kmeans.values():
                 km.end_pass()
     region_tokens = {}
@@ -186,6 +191,17 @@ def _median_gap(sample: torch.Tensor, centers: torch.Tensor) -> float:
     two = squared_distances(sample, centers).topk(2, dim=1, largest=False).values
     gap = float((two[:, 1] - two[:, 0]).median())
     return gap if gap > 0 else 1.0
+
+
+def _check_tokens_seen(batches: int, tokens: int, mask_prompt: bool) -> None:
+    """Refuse retained data that gave the k-means nothing to fit, before it fails on empty statistics."""
+    if batches == 0:
+        raise EmptyDatasetError("the retained data gave no batches: the dataset or data loader is empty")
+    if tokens == 0:
+        masked = (
+            " (mask_prompt=True dropped every prompt token and no completion token is left)" if mask_prompt else ""
+        )
+        raise EmptyDatasetError(f"the retained data's {batches} batches hold no real token{masked}")
 
 
 def _active_adapter(model: nn.Module) -> str:
@@ -280,14 +296,14 @@ def retained_batches(data, tokenizer, batch_size: int, max_length: int | None) -
 
     if not isinstance(data, Dataset):
         return data
+    if len(data) == 0:  # before tokenising: TRL stops on a bare StopIteration reading the first row
+        raise EmptyDatasetError(f"the retained dataset has no rows (columns {sorted(data.column_names)})")
     if "input_ids" not in data.column_names:
         if tokenizer is None:
             raise ValueError(f"a dataset of raw text (columns {data.column_names}) needs `tokenizer=` to tokenise")
         from kinfolk.tokens import sft_tokenize
 
         data = sft_tokenize(data, tokenizer)
-    if len(data) == 0:
-        raise ValueError("the retained dataset is empty")
     from kinfolk.logprobs import pad_right
 
     ids = [row[:max_length] if max_length else row for row in data["input_ids"]]
