@@ -108,7 +108,8 @@ def current_writer() -> Writer:
     return Writer(_host_tag(), _boot_tag(), os.getpid(), _process_start(os.getpid()))
 
 
-def _staging_path(destination: Path, role: str = "tmp") -> Path:
+def staging_path(destination: Path, role: str = "tmp") -> Path:
+    """A fresh staging sibling of `destination` named after this process (see `clean_dead_staging`)."""
     writer = current_writer()
     tag = f"{writer.host}-{writer.boot}-{writer.pid}-{writer.start}-{uuid.uuid4().hex[:8]}"
     return destination.with_name(f".{destination.name}.{role}-{tag}")
@@ -151,7 +152,7 @@ def clean_dead_staging(directory: str | Path, name: str | None = None) -> list[P
             logger.warning("restored %s from %s, left by an interrupted overwrite", destination, path.name)
             handled.append(path)
             continue
-        claimed = _staging_path(destination)
+        claimed = staging_path(destination)
         try:
             path.rename(claimed)
         except FileNotFoundError:
@@ -272,26 +273,35 @@ def atomic_directory(destination: str | Path, overwrite: bool = False) -> Iterat
     """Yield an empty staging directory that replaces `destination` only if the block finishes without error."""
     destination = check_destination(destination, overwrite)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = _staging_path(destination)
+    staging = staging_path(destination)
     staging.mkdir()
     try:
         yield staging
-        _fsync_tree(staging)
-        if not (destination.exists() or destination.is_symlink()):
-            staging.rename(destination)
-        elif exchange(staging, destination):
-            _fsync_directory(destination.parent)  # the swap is durable before the old output goes
-        else:
-            _replace_in_two_renames(staging, destination)
-        _fsync_directory(destination.parent)
+        publish(staging, destination)
     finally:  # after an exchange it holds the old output; after a failure, the partial new one
         if staging.exists() or staging.is_symlink():
             _remove(staging)
 
 
+def publish(staging: Path, destination: Path) -> None:
+    """Move a complete staging directory to `destination`, fsynced, replacing an existing one atomically.
+
+    After an exchange `staging` holds the old output, for the caller to remove (a writer killed before it does
+    leaves it under its own, dead, name).
+    """
+    _fsync_tree(staging)
+    if not (destination.exists() or destination.is_symlink()):
+        staging.rename(destination)
+    elif exchange(staging, destination):
+        _fsync_directory(destination.parent)  # the swap is durable before the old output goes
+    else:
+        _replace_in_two_renames(staging, destination)
+    _fsync_directory(destination.parent)
+
+
 def _replace_in_two_renames(staging: Path, destination: Path) -> None:
     """The fallback overwrite: move the old output aside under a restorable name, then the new one into place."""
-    retired = _staging_path(destination, "old")
+    retired = staging_path(destination, "old")
     destination.rename(retired)
     try:
         staging.rename(destination)
@@ -315,7 +325,7 @@ def atomic_file(
     destination.parent.mkdir(parents=True, exist_ok=True)
     if clean:
         clean_dead_staging(destination.parent, destination.name)
-    staging = _staging_path(destination)
+    staging = staging_path(destination)
     kwargs = {} if "b" in mode else {"encoding": encoding}
     try:
         with open(staging, mode, **kwargs) as handle:

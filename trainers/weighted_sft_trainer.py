@@ -53,6 +53,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
 from kinfolk.tokens import IGNORE_INDEX
+from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.data_sources import load_splits
 from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
@@ -176,7 +177,7 @@ def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_co
         raise ValueError("WeightedSFTTrainer cannot honour these options: " + "; ".join(reasons) + ".")
 
 
-class WeightedSFTTrainer(SFTTrainer):
+class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
     """`trl.SFTTrainer` whose loss weights each example by its dataset's `weight_column` (see module docstring).
 
     Takes the same arguments as `SFTTrainer`; `args` is a `WeightedSFTConfig` (an `SFTConfig` or
