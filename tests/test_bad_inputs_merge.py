@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 from refusal_helpers import assert_refused
+from test_adapt_merge import init_student
 
 from kinfolk.errors import (
     CheckpointError,
@@ -29,12 +30,8 @@ def students(tiny_kit, tmp_path_factory):
     """A 4-layer teacher; two 2-layer students of it on different maps; an unrelated teacher of the same shape."""
     root = tmp_path_factory.mktemp("merge-inputs")
     teacher = tiny_kit.model_dir("qwen3", "large")
-    every = merge(
-        {"op": "init-student", "teacher": str(teacher), "layers": {"every": 2}}, root / "every", progress=False
-    )
-    listed = merge(
-        {"op": "init-student", "teacher": str(teacher), "layers": {"layers": [0, 1]}}, root / "listed", progress=False
-    )
+    every = init_student(teacher, root / "every", every=2)
+    listed = init_student(teacher, root / "listed", layers=[0, 1])
     return {
         "teacher": teacher,
         "every": every,
@@ -48,6 +45,15 @@ def copy_without(source, out, *names):
     """A copy of a model directory without the named files."""
     shutil.copytree(source, out, ignore=shutil.ignore_patterns(*names))
     return out
+
+
+def map_without_teacher_record(source, out, *also_without):
+    """A copy of a student whose layer map predates the teacher record (and without `also_without` files)."""
+    copy = copy_without(source, out, LAYER_MAP_FILE, *also_without)
+    values = LayerMap.load(source).to_dict()
+    del values["teacher_fingerprint"]
+    (copy / LAYER_MAP_FILE).write_text(json.dumps(values))
+    return copy
 
 
 def patch(students, student="every", **fields):
@@ -117,10 +123,7 @@ def test_a_copy_of_the_same_teacher_is_accepted_and_the_match_recorded(students,
 
 
 def test_a_student_whose_map_predates_the_record_is_checked_against_its_merge_record(students, tmp_path):
-    old = copy_without(students["every"], tmp_path / "old", LAYER_MAP_FILE)
-    values = LayerMap.load(students["every"]).to_dict()
-    del values["teacher_fingerprint"]
-    (old / LAYER_MAP_FILE).write_text(json.dumps(values))
+    old = map_without_teacher_record(students["every"], tmp_path / "old")
     out = merge({**patch(students, num_patched=1), "student": str(old)}, tmp_path / "ok", progress=False)
     check = json.loads((out / "kinfolk_merge.json").read_text())["output"]["teacher_check"]
     assert check["result"] == "match" and check["recorded_in"] == str(old / "kinfolk_merge.json")
@@ -134,10 +137,7 @@ def test_a_student_whose_map_predates_the_record_is_checked_against_its_merge_re
 
 
 def test_a_student_with_no_teacher_record_is_refused_unless_overridden(students, tmp_path):
-    bare = copy_without(students["every"], tmp_path / "bare", LAYER_MAP_FILE, "kinfolk_merge.json")
-    values = LayerMap.load(students["every"]).to_dict()
-    del values["teacher_fingerprint"]
-    (bare / LAYER_MAP_FILE).write_text(json.dumps(values))
+    bare = map_without_teacher_record(students["every"], tmp_path / "bare", "kinfolk_merge.json")
     config = {**patch(students, num_patched=1), "student": str(bare)}
     assert_refused(
         lambda: merge(config, tmp_path / "out", progress=False),

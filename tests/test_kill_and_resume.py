@@ -17,6 +17,7 @@ import pytest
 import torch
 from datasets import Dataset
 from refusal_helpers import snapshot
+from test_adapt_merge import init_student
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
@@ -62,9 +63,7 @@ def assert_same_files(left: Path, right: Path) -> None:
 def patch_setup(tiny_kit, tmp_path_factory):
     root = tmp_path_factory.mktemp("kill-merge")
     teacher = tiny_kit.model_dir("qwen3", "large")
-    student = merge(
-        {"op": "init-student", "teacher": str(teacher), "layers": {"every": 2}}, root / "s", progress=False
-    )
+    student = init_student(teacher, root / "s", every=2)
     config = {"op": "patch", "teacher": str(teacher), "student": str(student), "max_shard_size": "30KB"}
     reference = merge(config, root / "reference", all_sizes=True, progress=False)
     old = merge({**config, "num_patched": 1}, root / "old", progress=False)  # what an overwrite replaces
