@@ -61,7 +61,7 @@ _UNKNOWN = "0" * 8
 class Writer:
     """Who owns a staging sibling: enough to tell, on the same host, whether that process still runs."""
 
-    host: str  # 8 hex digits of the host name's hash
+    host: str  # 8 hex digits of the hash of the host name and pid namespace
     boot: str  # 8 hex digits of the kernel's boot id ("00000000" where unknown)
     pid: int
     start: int  # the process's start time in clock ticks since boot (0 where unknown)
@@ -84,7 +84,13 @@ class Writer:
 
 @functools.cache
 def _host_tag() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    """Where process ids mean the same processes: the host name and, on Linux, the pid namespace (containers
+    that share a file system and a host name still see each other's writers as another host's)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:8]
 
 
 @functools.cache

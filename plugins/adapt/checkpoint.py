@@ -109,8 +109,8 @@ class Checkpoint:
         except KinfolkInputError as error:
             message = str(error) if str(error).startswith(f"{role}") else f"{role} ({path}): {error}"
             raise _same_kind(error, message) from None
-        except FileNotFoundError as error:
-            raise CheckpointError(f"{role}: {error}", path=path) from None
+        except (FileNotFoundError, ValueError) as error:  # the libraries' own refusals, e.g. a delta's config
+            raise CheckpointError(f"{role} ({path}): {error}", path=path) from None
         return cls(role, path, reader, manifest, config, layout, layer_map, delta_info)
 
     @functools.cached_property

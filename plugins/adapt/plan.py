@@ -281,17 +281,16 @@ def _patch_layer_map(config: PatchConfig, student: Checkpoint) -> LayerMap | Non
     if not config.layer_map:
         return student.layer_map
     given = LayerMap.load(config.layer_map)
-    if student.layer_map is not None and given != student.layer_map:
+    if student.layer_map is None:
+        return given  # the file stands in for the map the student lacks
+    if given != student.layer_map:
         raise LayerMapMismatchError(
             f"patch: field 'layer_map' {config.layer_map} ({given.describe()}) is not the layer map the student "
             f"{student.path} was made with ({student.layer_map.describe()}, in its {LAYER_MAP_FILE}); leave "
             "layer_map unset to use the student's own",
             path=config.layer_map,
         )
-    # The file stands in for a map the student lacks; the student's own record, if any, still names its teacher.
-    if student.layer_map is not None and student.layer_map.teacher_fingerprint:
-        return dataclasses.replace(given, teacher_fingerprint=student.layer_map.teacher_fingerprint)
-    return given
+    return student.layer_map
 
 
 def check_teacher(config: PatchConfig, teacher: Checkpoint, student: Checkpoint, layer_map: LayerMap) -> dict:
