@@ -48,7 +48,7 @@ $(VENV)/.installed-real: $(VENV)/.installed
 	touch $@
 
 real-models: $(VENV)/.installed-real
-	$(PY) -m kinfolk.testing.real_models $(REAL_MODELS)
+	$(PY) tools/real_models.py $(REAL_MODELS)
 
 # One process: each real model takes 1-5 GiB and the machine is shared.
 test-real: real-models

@@ -37,7 +37,7 @@ def tiny_tokenizer(tiny_kit):
 @pytest.fixture(scope="session")
 def real_model_dir():
     """`real_model_dir(name)`: a converted real checkpoint's directory; the test is skipped when it is missing."""
-    from kinfolk.testing.real_models import default_cache_dir, find_real_model
+    from tools.real_models import default_cache_dir, find_real_model
 
     def locate(name: str):
         path = find_real_model(name)

@@ -28,9 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from kinfolk.errors import InputError
 from kinfolk.stats import bootstrap_interval
 
 KINDS = ("C", "F", "G", "W")
+
+
+class MissingMetricError(InputError, KeyError):
+    """A sample record without the metric asked for (a KeyError, as for a missing dict key)."""
+
+    __str__ = Exception.__str__  # KeyError would quote the message
 
 
 @dataclass(frozen=True)
@@ -63,14 +70,14 @@ def outcomes(
     """Per-question outcomes from lm-eval sample records; `metric` and `filter_name` pick among several."""
     records = list(records)
     if not records:
-        raise ValueError("no sample records")
+        raise InputError("no sample records")
     filters = sorted({record.get("filter", "none") for record in records})
     if filter_name is None:
         if len(filters) > 1:
-            raise ValueError(f"the samples carry several filters {filters}; choose one (filter_name / --filter)")
+            raise InputError(f"the samples carry several filters {filters}; choose one (filter_name / --filter)")
         filter_name = filters[0]
     elif filter_name not in filters:
-        raise ValueError(f"filter {filter_name!r} not in the samples; they carry {filters}")
+        raise InputError(f"filter {filter_name!r} not in the samples; they carry {filters}")
     chosen = [record for record in records if record.get("filter", "none") == filter_name]
     metric = metric or chosen[0]["metrics"][0]
     hashes = [record.get("doc_hash") for record in chosen]
@@ -78,7 +85,9 @@ def outcomes(
     result: dict[Hashable, Outcome] = {}
     for record in chosen:
         if metric not in record:
-            raise KeyError(f"doc_id {record['doc_id']} has no metric {metric!r}; it has {record.get('metrics')}")
+            raise MissingMetricError(
+                f"doc_id {record['doc_id']} has no metric {metric!r}; it has {record.get('metrics')}"
+            )
         key = record["doc_hash"] if unique_hashes else (record["doc_id"], record.get("doc_hash"))
         result[key] = Outcome(_answer(record), float(record[metric]) >= 0.5)
     return result
@@ -91,7 +100,7 @@ def align(*runs: Mapping[Hashable, Outcome]) -> list[Hashable]:
         missing, extra = set(keys) - set(run), set(run) - set(keys)
         if missing or extra:
             example = next(iter(missing or extra))
-            raise ValueError(
+            raise InputError(
                 f"run {position} does not cover the same questions as run 0 ({len(missing)} missing, {len(extra)} "
                 f"extra; e.g. {example!r}): compare sample logs of the same task, data and limit"
             )
@@ -202,60 +211,3 @@ def flat_metrics(report: Mapping[str, Any], prefix: str) -> dict[str, float]:
     flat = {f"{prefix}/{kind}": float(report[kind]) for kind in KINDS}
     flat.update({f"{prefix}/{kind}_rate": report[f"{kind}_rate"]["estimate"] for kind in KINDS})
     return flat
-
-
-def _cell(interval: Mapping[str, float], percent: bool = True) -> str:
-    scale = 100.0 if percent else 1.0
-    return f"{scale * interval['estimate']:.2f} [{scale * interval['low']:.2f}, {scale * interval['high']:.2f}]"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`kinfolk churn FROZEN ADAPTED [COMPARATOR]`: churn from lm-eval sample logs, as a markdown table."""
-    import argparse
-
-    from kinfolk.atomic import check_destination, write_json
-
-    parser = argparse.ArgumentParser(
-        prog="kinfolk churn",
-        description="Answer churn of an adapted model against the frozen one, from lm-eval samples files "
-        "(--log_samples); with a comparator, the paired reduction of each count.",
-    )
-    parser.add_argument("frozen", help="samples_<task>_*.jsonl of the frozen model")
-    parser.add_argument("adapted", help="samples file of the adapted model (the method)")
-    parser.add_argument("comparator", nargs="?", help="samples file of a comparator adapted from the same model")
-    parser.add_argument("--metric", help="per-sample correctness metric (default: the task's first)")
-    parser.add_argument("--filter", dest="filter_name", help="lm-eval filter to use when the task has several")
-    parser.add_argument("--bootstrap", type=int, default=2000, help="paired-question bootstrap resamples")
-    parser.add_argument("--out", help="also write the numbers as JSON here")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    args = parser.parse_args(argv)
-    if args.out:
-        check_destination(args.out, args.overwrite)
-
-    def load(path):
-        return outcomes(read_samples(path), args.metric, args.filter_name)
-
-    frozen, adapted = load(args.frozen), load(args.adapted)
-    report: dict[str, Any] = {"adapted": churn_report(frozen, adapted, n_resamples=args.bootstrap)}
-    counts = report["adapted"]
-    lines = [
-        f"{counts['n']} questions; frozen accuracy {100 * counts['frozen_accuracy']:.2f}%, "
-        f"adapted {100 * counts['adapted_accuracy']:.2f}%",
-        "",
-        "| change | count | rate % [95% CI] | per |",
-        "|---|---|---|---|",
-    ]
-    per = {"C": "question", "F": "frozen-correct", "G": "frozen-wrong", "W": "frozen-wrong"}
-    lines += [f"| {kind} | {counts[kind]} | {_cell(counts[f'{kind}_rate'])} | {per[kind]} |" for kind in KINDS]
-    if args.comparator:
-        comparison = compare_churn(frozen, adapted, load(args.comparator), n_resamples=args.bootstrap)
-        report["comparison"] = comparison
-        lines += ["", "| change | adapted | comparator | reduction % [95% CI] |", "|---|---|---|---|"]
-        lines += [
-            f"| {kind} | {comparison[kind]['method']} | {comparison[kind]['comparator']} | {_cell(comparison[kind])} |"
-            for kind in (*KINDS, "F+G")
-        ]
-    print("\n".join(lines))
-    if args.out:
-        write_json(args.out, report)
-    return 0

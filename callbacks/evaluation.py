@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from kinfolk.atomic import atomic_file
 from kinfolk.callbacks.churn import churn_report, flat_metrics, outcomes, read_samples
 from kinfolk.callbacks.drift_log import append_row
 from kinfolk.eval_tasks import task_dir
@@ -145,15 +146,10 @@ def run_lm_eval(
 
 
 def write_samples(directory: str | Path, samples: dict[str, list[dict]]) -> None:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     for task, records in samples.items():
-        path = directory / f"samples_{task}.jsonl"
-        temporary = path.with_suffix(".jsonl.tmp")
-        with open(temporary, "w", encoding="utf-8") as handle:
+        with atomic_file(Path(directory) / f"samples_{task}.jsonl") as handle:
             for record in records:
                 handle.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
-        os.replace(temporary, path)
 
 
 def read_sample_dir(directory: str | Path) -> dict[str, list[dict]]:

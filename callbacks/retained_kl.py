@@ -31,68 +31,11 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
-from kinfolk.divergence import (
-    DIVERGENCES,
-    DisabledAdapter,
-    ExpectationCache,
-    FrozenCache,
-    HiddenStateCache,
-    OutputHead,
-    ReferenceModel,
-    token_divergence,
-)
-from kinfolk.logprobs import pad_right
-from kinfolk.tokens import sft_tokenize
+from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
 
-POSITIONS = ("response", "all")
-CACHES = ("auto", "expectation", "hidden", "log_probs", "none")
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
-
-
-def retained_batches(
-    dataset: Dataset,
-    tokenizer,
-    positions: str = "response",
-    max_length: int | None = 1024,
-    batch_size: int = 8,
-    sft_args=None,
-) -> list[dict[str, torch.Tensor]]:
-    """Padded CPU batches of the retained contexts, tokenised exactly as `SFTTrainer` would tokenise them.
-
-    A dataset that already has `input_ids` is used as is (`labels`, when present, mark the response tokens).
-    Rows are sorted by length so batches carry little padding; the pooled mean does not depend on the order.
-    """
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
-    if "input_ids" not in dataset.column_names:
-        if tokenizer is None:
-            raise ValueError("the retained dataset is not tokenised: pass processing_class (the tokenizer)")
-        dataset = sft_tokenize(dataset, tokenizer, sft_args)
-    if positions == "response" and "labels" not in dataset.column_names:
-        raise ValueError(
-            "positions='response' needs `labels` (-100 outside the response) in a pre-tokenised retained dataset; "
-            "pass positions='all' or an SFT-format dataset"
-        )
-    rows = []
-    all_labels = dataset["labels"] if positions == "response" else dataset["input_ids"]
-    for index, (ids, labels) in enumerate(zip(dataset["input_ids"], all_labels)):
-        if len(labels) != len(ids):
-            raise ValueError(f"retained row {index}: {len(ids)} input_ids but {len(labels)} labels")
-        rows.append((list(ids[:max_length]), list(labels[:max_length])))
-    if not rows:
-        raise ValueError("the retained dataset is empty")
-    rows.sort(key=lambda row: -len(row[0]))
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    pad_id = 0 if pad_id is None else pad_id
-    return [
-        pad_right(
-            [ids for ids, _ in rows[start : start + batch_size]],
-            [lab for _, lab in rows[start : start + batch_size]],
-            pad_id,
-        )
-        for start in range(0, len(rows), batch_size)
-    ]
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -171,77 +114,24 @@ class RetainedKLCallback(TrainerCallback):
         needed = math.ceil(len(self.batches) / world)
         return share + [(self.batches[0], 0.0)] * (needed - len(share))
 
-    def _device_batches(self, device) -> list[dict[str, torch.Tensor]]:
-        return [_to(batch, device) for batch, _ in self._my_batches()]
-
     def _cache_path(self) -> Path:
         rank = self.trainer.args.process_index
         return Path(self.trainer.args.output_dir) / FROZEN_CACHE_FILE.format(rank=f".rank{rank}" if rank else "")
 
-    def _cache_kind(self, model: torch.nn.Module, is_peft: bool) -> str:
-        if self.cache != "auto":
-            return self.cache
-        head = OutputHead.of(model)
-        frozen_head = not head.weight.requires_grad and (head.bias is None or not head.bias.requires_grad)
-        linear = head.softcap is None
-        if is_peft and self.reference_model is None and self.divergence == "forward_kl" and frozen_head and linear:
-            return "expectation"
-        return "hidden"
-
-    def _build(self, kind: str, model: torch.nn.Module, batches, disable_adapter: bool):
-        if kind == "expectation":
-            return ExpectationCache.build(model, batches, disable_adapter=disable_adapter)
-        if kind == "hidden":
-            return HiddenStateCache.build(model, batches, disable_adapter=disable_adapter)
-        return FrozenCache.build(model, batches, self.cache_top_k, disable_adapter=disable_adapter)
-
     def _build_frozen(self, state) -> None:
         model = self._model()
         device = OutputHead.of(model).weight.device
-        is_peft = hasattr(model, "disable_adapter")
-        kind = self._cache_kind(model, is_peft)
-        self.cache_used = kind
-        with torch.no_grad():
-            if self.reference_model is not None:
-                self.frozen_description = "reference model"
-                if kind == "none":
-                    self.frozen = ReferenceModel(self.reference_model)
-                elif kind == "hidden":
-                    self.frozen = HiddenStateCache.build(
-                        self.reference_model, self._device_batches(device), copy_head=False
-                    )
-                    self.frozen.head = OutputHead.of(self.reference_model)
-                elif kind == "log_probs":
-                    self.frozen = FrozenCache.build(
-                        self.reference_model, self._device_batches(device), self.cache_top_k
-                    )
-                else:
-                    raise ValueError("cache='expectation' needs the frozen and current heads to be one frozen head")
-                return
-            if is_peft:
-                self.frozen_description = "disabled adapter"
-                if kind == "none":
-                    self.frozen = DisabledAdapter()
-                else:
-                    self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=True)
-                return
-            self.frozen_description = "model at train start"
-            if kind in ("none", "expectation"):
-                raise ValueError(
-                    f"cache={kind!r} needs a PEFT model (its disabled adapter is the frozen model) or, for 'none', "
-                    "reference_model; full fine-tuning changes the only copy, including its head"
-                )
-            path = self._cache_path()
-            if state.global_step > 0:
-                if not path.is_file():
-                    raise FileNotFoundError(
-                        f"resuming at step {state.global_step}, but the frozen-model cache {path} written at train "
-                        "start is missing: the starting model cannot be recovered; pass reference_model="
-                    )
-                self.frozen = (HiddenStateCache if kind == "hidden" else FrozenCache).load(path)
-                return
-            self.frozen = self._build(kind, model, self._device_batches(device), disable_adapter=False)
-            self.frozen.save(path)
+        frozen = frozen_source(
+            model,
+            (_to(batch, device) for batch, _ in self._my_batches()),
+            self.cache,
+            reference_model=self.reference_model,
+            divergence=self.divergence,
+            top_k=self.cache_top_k,
+            saved=self._cache_path(),
+            resume_step=state.global_step,
+        )
+        self.frozen, self.cache_used, self.frozen_description = frozen.source, frozen.cache, frozen.description
 
     # -- measurement ------------------------------------------------------------------------------------------
     def measure(self) -> dict[str, float]:

@@ -4,8 +4,9 @@ A task's `utils.load` is its YAML's `custom_dataset: !function utils.load`. lm-e
 `metadata` and `dataset_kwargs` as keyword arguments, so a user chooses the data without editing the YAML:
 
 - nothing: the Hub dataset (`datasets.load_dataset(path, name)`), as lm-eval's own tasks do;
-- `data_files` (in `--metadata '{"data_files": ...}'` or a YAML's `dataset_kwargs`): local JSON / JSONL /
-  Parquet / CSV, one path (used for every split the task reads) or a `{split: path}` mapping;
+- `data_files` (in `--metadata '{"data_files": ...}'` or a YAML's `dataset_kwargs`): local files of any
+  format `kinfolk.data` reads (JSON / JSONL / Parquet / CSV), one path (used for every split the task reads) or a
+  `{split: path}` mapping;
 - `source: sample`: the small files shipped beside the YAML (`<sample_folder>/<split>.jsonl`), found from `__file__` so
   they resolve the same from a wheel or a checkout and from any working directory. The `*_sample` tasks set this.
 
@@ -22,21 +23,12 @@ from pathlib import Path
 
 import datasets
 
-FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+from kinfolk.data import load_data
 
 
 def _local(files: Mapping[str, str | Path]) -> datasets.DatasetDict:
-    suffixes = {Path(path).suffix for path in files.values()}
-    if len(suffixes) != 1 or next(iter(suffixes)) not in FORMATS:
-        raise ValueError(f"data_files must share one of the formats {sorted(FORMATS)}; got {dict(files)}")
-    missing = [str(path) for path in files.values() if not Path(path).is_file()]
-    if missing:
-        raise FileNotFoundError(f"data file(s) not found: {', '.join(missing)}")
-    builder = FORMATS[next(iter(suffixes))]
     # One load per split: splits may differ in schema (MBPP+ tests beside MBPP's few-shot prompt split).
-    return datasets.DatasetDict(
-        {split: datasets.load_dataset(builder, data_files=str(path), split="train") for split, path in files.items()}
-    )
+    return datasets.DatasetDict({split: load_data(path) for split, path in files.items()})
 
 
 def load_task_data(

@@ -13,18 +13,18 @@
     max_length: 2048
     per_device_train_batch_size: 8
 
-Data arguments take a local .json / .jsonl / .parquet file or a Hub dataset name.
+Data arguments take what `kinfolk.data.load_data` reads: a local .jsonl / .json / .parquet / .csv file, a
+`save_to_disk` folder (e.g. `kinfolk score --out`) or a Hub dataset name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from datasets import load_dataset
 from transformers import AutoTokenizer
 from trl import TrlParser
 
+from kinfolk.data import load_data
 from kinfolk.trainers import DistillationConfig, DistillationTrainer
 
 
@@ -32,16 +32,11 @@ from kinfolk.trainers import DistillationConfig, DistillationTrainer
 class DistillScriptArguments:
     student: str = field(metadata={"help": "student directory (from `kinfolk merge init-student`)"})
     teacher: str = field(metadata={"help": "teacher model directory or Hub id"})
-    sft_data: str = field(metadata={"help": "SFT data (phase 2): a .json/.jsonl/.parquet file or a Hub dataset"})
+    sft_data: str = field(
+        metadata={"help": "SFT data (phase 2): a data file, a `save_to_disk` folder or a Hub dataset"}
+    )
     pretraining_data: str | None = field(default=None, metadata={"help": "pre-training text (phase 1), optional"})
     split: str = field(default="train", metadata={"help": "split of Hub datasets"})
-
-
-def load(source: str, split: str):
-    suffix = Path(source).suffix
-    if suffix in (".json", ".jsonl", ".parquet"):
-        return load_dataset("parquet" if suffix == ".parquet" else "json", data_files=source, split="train")
-    return load_dataset(source, split=split)
 
 
 def main() -> None:
@@ -50,8 +45,8 @@ def main() -> None:
         model=script_args.student,
         teacher_model=script_args.teacher,
         args=training_args,
-        train_dataset=load(script_args.sft_data, script_args.split),
-        pretraining_dataset=load(script_args.pretraining_data, script_args.split)
+        train_dataset=load_data(script_args.sft_data, script_args.split),
+        pretraining_dataset=load_data(script_args.pretraining_data, script_args.split)
         if script_args.pretraining_data
         else None,
         processing_class=AutoTokenizer.from_pretrained(script_args.student),

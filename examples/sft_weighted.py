@@ -1,5 +1,7 @@
 # TRL's `trl/scripts/sft.py` with the trainer swapped for kinfolk's WeightedSFTTrainer: the same flags and YAML
-# keys, plus the weight options (`--weight_column`, `--weight_reduction`, `--prompt_loss_weight`, ...).
+# keys, plus the weight options (`--weight_column`, `--weight_reduction`, `--prompt_loss_weight`, ...), and
+# `--dataset_name` read by `kinfolk.data.load_splits`, which also takes what `kinfolk score --out` writes
+# (a .jsonl or .parquet file, or a `save_to_disk` folder).
 """
 Full fine-tuning on a dataset with a `weight` column (e.g. written by the ATLANTIS scoring step):
 
@@ -12,7 +14,7 @@ LoRA, with prompt tokens at a tenth of the weight of the answer:
 ```bash
 accelerate launch examples/sft_weighted.py \
     --model_name_or_path Qwen/Qwen2.5-0.5B \
-    --dataset_name ./weighted-data \
+    --dataset_name scored.jsonl \
     --weight_column weight \
     --prompt_loss_weight 0.1 \
     --learning_rate 2.0e-4 \
@@ -30,9 +32,9 @@ import argparse
 
 def main(script_args, training_args, model_args, dataset_args):
     from accelerate.logging import get_logger
-    from datasets import load_dataset
     from trl import get_dataset, get_peft_config, get_quantization_config
 
+    from kinfolk.data import load_splits
     from kinfolk.trainers import WeightedSFTTrainer
 
     logger = get_logger(__name__)
@@ -54,8 +56,11 @@ def main(script_args, training_args, model_args, dataset_args):
     elif dataset_args.datasets:
         dataset = get_dataset(dataset_args)
     elif script_args.dataset_name:
-        dataset = load_dataset(
-            script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
+        dataset = load_splits(
+            script_args.dataset_name,
+            script_args.dataset_config,
+            script_args.dataset_streaming,
+            split=script_args.dataset_train_split,
         )
     else:
         raise ValueError("Either `datasets` or `dataset_name` must be provided.")

@@ -2,6 +2,6 @@
 
 import sys
 
-from kinfolk.cli import main
+from kinfolk.commands import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""`kinfolk drift`: compare methods by how far they move retained outputs to reach the same target score.
+"""The drift report: compare methods by how far they move retained outputs to reach the same target score.
 
 Each run (one method, one seed) is a training output directory whose `drift.jsonl` holds, per checkpoint step,
 a retained KL (`retained_kl`, from `RetainedKLCallback`) and a target score (e.g.
@@ -13,6 +13,8 @@ evaluating checkpoints with `kinfolk eval`). The comparison follows the ATLAS pr
 Requirements default to the range every run reaches: from the highest of the runs' lowest scores to the lowest
 of their highest scores (every integer when scores are counts, else every observed score in that range).
 
+`kinfolk drift` (`kinfolk.commands.drift`) writes it from the command line:
+
     kinfolk drift --run atlas 1 runs/atlas-s1 --run atlas 2 runs/atlas-s2 \\
         --run lora 1 runs/lora-s1 --run lora 2 runs/lora-s2 \\
         --method atlas --target lm_eval/kinfolk_mbpp_plus/pass_at_1_count --out reports/mbpp
@@ -20,7 +22,6 @@ of their highest scores (every integer when scores are counts, else every observ
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -30,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.atomic import atomic_directory, check_destination
+from kinfolk.atomic import atomic_directory
 from kinfolk.callbacks.drift_log import read_rows, steps
+from kinfolk.errors import InputError
 from kinfolk.stats import geometric_mean, geometric_mean_interval
 
 
@@ -58,7 +60,7 @@ def load_run(method: str, seed: str, path: str | Path, target: str, kl: str = "r
     ]
     if not checkpoints:
         found = sorted({key for row in merged.values() for key in row if key.startswith(("lm_eval/", kl))})
-        raise ValueError(
+        raise InputError(
             f"run {method}/{seed} ({path}) has no step with both {target!r} and {kl!r}; its rows carry {found}"
         )
     return Run(method, str(seed), str(path), checkpoints)
@@ -73,7 +75,7 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
             f"{run.method}/{run.seed}: [{min(t for _, t, _ in run.checkpoints):g}, {max(t for _, t, _ in run.checkpoints):g}]"
             for run in runs
         )
-        raise ValueError(f"the runs' target scores share no range ({ranges}); pass --requirements")
+        raise InputError(f"the runs' target scores share no range ({ranges}); pass --requirements")
     scores = sorted({target for run in runs for _, target, _ in run.checkpoints})
     if all(float(score).is_integer() for score in scores):
         return [float(k) for k in range(math.ceil(low), math.floor(high) + 1)]
@@ -85,7 +87,7 @@ def parse_requirements(text: str) -> list[float]:
     if ":" in text:
         start, end = (float(part) for part in text.split(":", 1))
         if not (start.is_integer() and end.is_integer()) or end < start:
-            raise argparse.ArgumentTypeError(f"a range needs integers low:high, got {text!r}")
+            raise InputError(f"a range needs integers low:high, got {text!r}")
         return [float(k) for k in range(int(start), int(end) + 1)]
     return sorted(float(part) for part in text.split(","))
 
@@ -101,20 +103,20 @@ def target_matched(
     """The comparison as a JSON-able dict: per-run best KLs, per-method summaries, ratios to `method`."""
     methods = sorted({run.method for run in runs}, key=lambda name: (name != method, name))
     if method not in methods:
-        raise ValueError(f"method {method!r} has no runs; methods present: {methods}")
+        raise InputError(f"method {method!r} has no runs; methods present: {methods}")
     requirements = list(requirements) if requirements is not None else shared_requirements(runs)
     unreached = [k for k in requirements if any(run.best_kl(k) is None for run in runs)]
     requirements = [k for k in requirements if k not in unreached]
     if not requirements:
-        raise ValueError(f"no requirement is reached by every run (unreached: {unreached})")
+        raise InputError(f"no requirement is reached by every run (unreached: {unreached})")
     by_key = {(run.method, run.seed): run for run in runs}
     if len(by_key) != len(runs):
-        raise ValueError("two runs share a method and seed")
+        raise InputError("two runs share a method and seed")
     best = {key: [run.best_kl(k) for k in requirements] for key, run in by_key.items()}
     mean_kl = {key: float(np.mean(values)) for key, values in best.items()}
     for key, value in mean_kl.items():
         if value <= 0:
-            raise ValueError(
+            raise InputError(
                 f"run {key[0]}/{key[1]} reaches the requirements with zero KL (a frozen checkpoint?); "
                 "raise the lowest requirement"
             )
@@ -241,49 +243,12 @@ def plot(report: dict[str, Any], target: str, kl: str, path: Path) -> bool:
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kinfolk drift", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--run",
-        nargs=3,
-        action="append",
-        metavar=("METHOD", "SEED", "PATH"),
-        required=True,
-        help="a run directory (or its drift.jsonl) with its method and seed; repeat per run",
-    )
-    parser.add_argument(
-        "--method", required=True, help="the method compared with every other (numerator of the ratios)"
-    )
-    parser.add_argument(
-        "--target", required=True, help="drift.jsonl key of the target score, e.g. lm_eval/<task>/<metric>_count"
-    )
-    parser.add_argument(
-        "--kl", default="retained_kl", help="drift.jsonl key of the retained KL (default: retained_kl)"
-    )
-    parser.add_argument(
-        "--requirements",
-        type=parse_requirements,
-        default=None,
-        help='target requirements: "148:160" (integers, inclusive) or "0.4,0.5"; default: the shared range',
-    )
-    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples over seeds (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    parser.add_argument("--out", required=True, help="directory for report.md, report.json and drift.png")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    out = check_destination(args.out, args.overwrite)
-    runs = [load_run(method, seed, path, args.target, args.kl) for method, seed, path in args.run]
-    report = target_matched(runs, args.method, args.requirements, n_resamples=args.bootstrap, seed=args.seed)
-    report.update(target=args.target, kl=args.kl)
-    text = markdown(report, args.target, args.kl)
-    with atomic_directory(out, overwrite=args.overwrite) as staging:
+def write_report(report: dict[str, Any], out: str | Path, overwrite: bool = False) -> tuple[str, bool]:
+    """`report.md`, `report.json` and (with matplotlib) `drift.png` in the folder `out`, atomically; returns the
+    markdown and whether the plot was drawn."""
+    text = markdown(report, report["target"], report["kl"])
+    with atomic_directory(out, overwrite=overwrite) as staging:
         (staging / "report.md").write_text(text, encoding="utf-8")
         (staging / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-        plotted = plot(report, args.target, args.kl, staging / "drift.png")
-    print(text)
-    print(f"written to {out}" + ("" if plotted else " (no drift.png: install matplotlib, kinfolk[plots])"))
-    return 0
+        plotted = plot(report, report["target"], report["kl"], staging / "drift.png")
+    return text, plotted

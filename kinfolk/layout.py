@@ -121,9 +121,15 @@ def check_state_dict_layout(layout: ModelLayout, tensor_names: Iterable[str]) ->
         raise UnsupportedArchitectureError(f"{layout.model_type}: no {layout.embeddings}.* tensor in the checkpoint")
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT wrapper; any other model as it is. (For accelerate's wrappers, call
+    `accelerator.unwrap_model` first.)"""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def model_layout(model: nn.Module) -> ModelLayout:
     """The layout of a loaded model (a PEFT wrapper is looked through)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     layout = layout_from_config(base.config)
     check_state_dict_layout(layout, (name for name, _ in base.named_parameters(remove_duplicate=False)))
     return layout
@@ -131,7 +137,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The model's `nn.ModuleList` of decoder layers."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return base.get_submodule(layout_from_config(base.config).layer_prefix)
 
 

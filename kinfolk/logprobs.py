@@ -22,22 +22,19 @@ import torch
 from torch import nn
 from trl.trainer.utils import add_fused_lm_head
 
+from kinfolk.layout import base_model
 from kinfolk.tokens import IGNORE_INDEX
 
 
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def has_fused_lm_head(model: nn.Module) -> bool:
-    forward = getattr(_base(model), "forward", None)
+    forward = getattr(base_model(model), "forward", None)
     return getattr(getattr(forward, "__code__", None), "co_name", "") == "_fused_forward"
 
 
 def enable_fused_lm_head(model: nn.Module) -> nn.Module:
     """Patch `model` (or a PEFT model's base) with TRL's fused head once; generation is unaffected."""
     if not has_fused_lm_head(model):
-        add_fused_lm_head(_base(model), outputs=("log_probs",))
+        add_fused_lm_head(base_model(model), outputs=("log_probs",))
     return model
 
 

@@ -1,5 +1,7 @@
-"""Statistics every kinfolk report uses: effective sample size, rank correlation, quantiles, geometric means and
-paired bootstrap intervals. NumPy only, so the numbers do not depend on which optional packages are installed.
+"""Statistics every kinfolk report uses: effective sample size, rank correlation, quantiles, geometric means,
+paired bootstrap intervals, and the lab protocol's intervals over families (a t-interval with F − 1 degrees of
+freedom, a two-stage cluster bootstrap, sign counts). NumPy only, so the numbers do not depend on which optional
+packages are installed.
 
 >>> from kinfolk.stats import effective_sample_size, spearman
 >>> effective_sample_size([1.0, 1.0, 1.0, 1.0])
@@ -10,6 +12,7 @@ paired bootstrap intervals. NumPy only, so the numbers do not depend on which op
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +58,22 @@ def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) ->
 def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
     """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
     return pearson(rankdata(x), rankdata(y))
+
+
+def auc(scores: Sequence[float] | np.ndarray, positive: Sequence[bool] | np.ndarray) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half
+    (the Mann-Whitney U statistic over n_pos · n_neg); NaN when either class is empty.
+
+    >>> auc([0.9, 0.8, 0.3, 0.1], [True, False, True, False])
+    0.75
+    """
+    x = np.asarray(scores, dtype=np.float64)
+    is_positive = np.asarray(positive, dtype=bool)
+    n_positive, n_negative = int(is_positive.sum()), int((~is_positive).sum())
+    if n_positive == 0 or n_negative == 0:
+        return float("nan")
+    rank_sum = float(rankdata(x)[is_positive].sum())
+    return (rank_sum - n_positive * (n_positive + 1) / 2.0) / (n_positive * n_negative)
 
 
 def quantiles(values: Sequence[float] | np.ndarray, qs: Sequence[float] = DEFAULT_QUANTILES) -> dict[str, float]:
@@ -137,3 +156,138 @@ def mean_interval(
     return bootstrap_interval(
         lambda x: float(np.mean(x)), values, n_resamples=n_resamples, confidence=confidence, seed=seed
     )
+
+
+# ------------------------------------------------------------------------------------------ intervals over families
+MIN_INTERVAL_UNITS = 5  # LAB-PROTOCOL.md: fewer units than this get their values reported, never a "95 %" interval
+
+
+class TooFewUnits(ValueError):
+    """An interval was asked for from fewer than `MIN_INTERVAL_UNITS` units."""
+
+
+def _regularised_incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b) by the continued fraction (modified Lentz), using the symmetry for x beyond the mean."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _regularised_incomplete_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t with `df` degrees of freedom.
+
+    >>> round(student_t_cdf(2.776445, 4), 4)
+    0.975
+    """
+    tail = 0.5 * _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The `p` quantile of Student's t (bisection on `student_t_cdf`, to ~1e-12).
+
+    >>> round(student_t_quantile(0.975, 4), 3)
+    2.776
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"quantile level must lie in (0, 1), got {p}")
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, df) < p:
+        low, high = high, high * 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        if student_t_cdf(middle, df) < p:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12:
+            break
+    return (low + high) / 2.0
+
+
+def _check_units(values: np.ndarray, what: str) -> None:
+    if values.size < MIN_INTERVAL_UNITS:
+        raise TooFewUnits(
+            f"{what} from {values.size} units: the lab protocol reports the values themselves below "
+            f"{MIN_INTERVAL_UNITS} units, never a 95 % interval"
+        )
+
+
+def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """Mean of per-unit values (per-family paired differences) with a t-interval on n − 1 degrees of freedom.
+
+    Raises `TooFewUnits` below `MIN_INTERVAL_UNITS` units.
+
+    >>> interval = t_interval([0.21, 0.25, 0.19, 0.30, 0.22])
+    >>> round(interval.estimate, 3), round(interval.low, 3), round(interval.high, 3)
+    (0.234, 0.181, 0.287)
+    """
+    x = np.asarray(values, dtype=np.float64)
+    _check_units(x, "a t-interval")
+    mean = float(x.mean())
+    half = student_t_quantile(0.5 + confidence / 2.0, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return Interval(mean, mean - half, mean + half, confidence)
+
+
+def cluster_bootstrap_interval(
+    runs_per_family: Sequence[Sequence[float]],
+    n_resamples: int = 4000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Two-stage cluster bootstrap of a mean over families: resample families, then runs inside each drawn family.
+
+    `runs_per_family[f]` holds family f's run-level values (paired differences); the estimate is the mean over
+    families of their run means, so every family counts once whatever its number of runs. Raises `TooFewUnits`
+    below `MIN_INTERVAL_UNITS` families.
+
+    >>> interval = cluster_bootstrap_interval([[1.0, 1.2], [0.8, 1.0], [1.1], [0.9, 1.3], [1.0, 1.0]])
+    >>> round(interval.estimate, 3), interval.low < interval.estimate < interval.high
+    (1.04, True)
+    """
+    families = [np.asarray(runs, dtype=np.float64) for runs in runs_per_family]
+    _check_units(np.asarray([runs.mean() if runs.size else np.nan for runs in families]), "a cluster bootstrap")
+    if any(runs.size == 0 for runs in families):
+        raise ValueError("cluster_bootstrap_interval: every family needs at least one run")
+    estimate = float(np.mean([runs.mean() for runs in families]))
+    rng = np.random.default_rng(seed)
+    replicates = np.empty(n_resamples)
+    for r in range(n_resamples):
+        drawn = rng.integers(0, len(families), size=len(families))
+        replicates[r] = np.mean([rng.choice(families[f], size=families[f].size).mean() for f in drawn])
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(replicates, [tail, 1.0 - tail])
+    return Interval(estimate, float(low), float(high), confidence)
+
+
+def sign_count(values: Sequence[float] | np.ndarray, higher_is_better: bool = True) -> int:
+    """How many units favour the method: positive differences (or negative ones when lower is better).
+
+    >>> sign_count([0.2, -0.1, 0.05, 0.0, 0.3])
+    3
+    """
+    x = np.asarray(values, dtype=np.float64)
+    return int(np.sum(x > 0) if higher_is_better else np.sum(x < 0))

@@ -12,12 +12,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from kinfolk.atomic import OutputExistsError
 from kinfolk.layout import UnsupportedArchitectureError
 from kinfolk.plugins.adapt import (
+    DeltaCosineConfig,
     LayerMap,
     LayerMapMismatchError,
     MergeConfigError,
     TensorMismatchError,
     load_config,
     merge,
+    write_delta_cosine,
 )
 from kinfolk.plugins.adapt import execute as execute_module
 from kinfolk.tensors import INDEX_FILE, TensorReader
@@ -263,8 +265,8 @@ def test_delta_cosine_against_direct_computation(tiny_kit, tmp_path):
                 progress=False,
             )
         )
-    result = merge(
-        {"op": "delta-cosine", "a": str(deltas[0]), "b": str(deltas[1])}, tmp_path / "cos.json", progress=False
+    result = write_delta_cosine(
+        DeltaCosineConfig(a=str(deltas[0]), b=str(deltas[1])), tmp_path / "cos.json", progress=False
     )
     first, second = tensors(deltas[0]), tensors(deltas[1])
     flat = [torch.cat([d[name].double().flatten() for name in sorted(d)]) for d in (first, second)]
@@ -276,8 +278,8 @@ def test_delta_cosine_against_direct_computation(tiny_kit, tmp_path):
     assert result["per_layer"][1]["cosine"] == pytest.approx(
         float(torch.nn.functional.cosine_similarity(*layer1, dim=0)), abs=1e-9
     )
-    same = merge(
-        {"op": "delta-cosine", "a": str(deltas[0]), "b": str(deltas[0])}, tmp_path / "same.json", progress=False
+    same = write_delta_cosine(
+        DeltaCosineConfig(a=str(deltas[0]), b=str(deltas[0])), tmp_path / "same.json", progress=False
     )
     assert same["cosine"] == pytest.approx(1.0)
     assert json.loads((tmp_path / "cos.json").read_text())["cosine"] == result["cosine"]

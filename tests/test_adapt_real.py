@@ -17,7 +17,7 @@ import torch
 from test_adapt_merge import distilled_copy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.plugins.adapt import LayerMap, merge
 from kinfolk.tensors import TensorReader
 from kinfolk.testing.resources import measure

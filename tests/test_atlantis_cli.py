@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from datasets import Dataset, load_from_disk
 
-from kinfolk.cli import main
+from kinfolk.commands import main
+from kinfolk.commands import score as score_cli
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import cli as score_cli
 from kinfolk.trainers.atlantis import compute_weights, score_dataset
 
 
@@ -53,7 +53,7 @@ def test_score_writes_the_scored_dataset_and_its_report(setup, tmp_path, capsys)
     report = json.loads((out / "weights_report.json").read_text())
     assert report["n"] == 16 and report["config"]["formula"] == "ratio"
 
-    assert main(argv) == 1  # refuses to overwrite
+    assert main(argv) == 2  # refuses to overwrite: bad input, one line
     assert "--overwrite" in capsys.readouterr().err
     assert main([*argv, "--overwrite", "--formula", "influence"]) == 0
     assert load_from_disk(str(out))["weight"] != scored["weight"]
@@ -77,7 +77,7 @@ def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.jsonl"
     Dataset.from_list(rows).to_json(str(bad))
     out = tmp_path / "out"
-    assert main(["score", "--data", str(bad), *setup["models"], "--out", str(out), *setup["cache"]]) == 1
+    assert main(["score", "--data", str(bad), *setup["models"], "--out", str(out), *setup["cache"]]) == 2
     assert "rows [2] have an empty response" in capsys.readouterr().err
     assert not out.exists()
 
@@ -91,7 +91,7 @@ def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
 
 
 def test_no_models_and_no_scores_is_explained(setup, tmp_path, capsys):
-    assert main(["score", "--data", str(setup["data"]), "--out", str(tmp_path / "o")]) == 1
+    assert main(["score", "--data", str(setup["data"]), "--out", str(tmp_path / "o")]) == 2
     assert "holds no scores" in capsys.readouterr().err
 
 

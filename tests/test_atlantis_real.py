@@ -13,12 +13,12 @@ from atlantis_helpers import reference_scores
 from datasets import Dataset, concatenate_datasets, load_from_disk
 from transformers import AutoTokenizer
 
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.testing import conversational_dataset, prompt_completion_dataset
-from kinfolk.testing.real_models import humaneval_data_path
 from kinfolk.testing.resources import measure
 from kinfolk.tokens import DatasetFormatError
 from kinfolk.trainers.atlantis import ScoreConfig, score_dataset, weight_report
+from tools.real_models import humaneval_data_path
 
 pytestmark = pytest.mark.real
 

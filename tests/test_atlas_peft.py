@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 import kinfolk
-from kinfolk.env import registered_peft_plugins
+from kinfolk.commands.env import registered_peft_plugins
 from kinfolk.peft_types import register_tuner
 from kinfolk.plugins.atlas import AtlasConfig, AtlasModel
 from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS, AtlasLinear

@@ -20,11 +20,11 @@ from trl import SFTConfig, SFTTrainer
 
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.plugins.atlas.comparators import matching_lora_config
-from kinfolk.testing.real_models import humaneval_data_path, shakespeare_sonnets
 from kinfolk.testing.resources import measure
+from tools.real_models import humaneval_data_path, shakespeare_sonnets
 
 pytestmark = pytest.mark.real
 

@@ -8,9 +8,9 @@ from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from kinfolk.commands import sft as sft_cli
 from kinfolk.plugins.atlas.arguments import AtlasArguments
 from kinfolk.testing import prompt_completion_dataset, text_dataset
-from kinfolk.trainers import sft_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RUN = [

@@ -15,7 +15,7 @@ from test_adapt_merge import init_student
 from kinfolk.errors import (
     CheckpointError,
     CorruptFileError,
-    KinfolkInputError,
+    InputError,
     LayerMapError,
     LayerMapMismatchError,
     MissingInputError,
@@ -309,7 +309,7 @@ def test_a_student_path_that_is_not_a_model_is_named(students, tmp_path, problem
         copy_without(students["every"], student, "*.safetensors")
     error = assert_refused(
         lambda: merge(patch({**students, "every": student}, num_patched=1), tmp_path / "out", progress=False),
-        KinfolkInputError,
+        InputError,
         "student",
         student,
         destination=tmp_path / "out",

@@ -93,8 +93,7 @@ def test_outcomes_from_records():
 def test_churn_verb_prints_and_writes(tmp_path, capsys):
     import json
 
-    from kinfolk.atomic import OutputExistsError
-    from kinfolk.cli import main
+    from kinfolk.commands import main
 
     def write(name, run):
         path = tmp_path / f"{name}.jsonl"
@@ -109,5 +108,5 @@ def test_churn_verb_prints_and_writes(tmp_path, capsys):
     assert "| C | 3 | 37.50" in printed and "| W | 1 | 3 | 66.67" in printed
     saved = json.loads(out.read_text())
     assert saved["comparison"]["C"]["estimate"] == pytest.approx(0.5)
-    with pytest.raises(OutputExistsError):
-        main(["churn", *paths, "--out", str(out)])
+    assert main(["churn", *paths, "--out", str(out)]) == 2  # bad input: one line, no traceback
+    assert "already exists" in capsys.readouterr().err

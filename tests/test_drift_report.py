@@ -17,9 +17,8 @@ import math
 
 import pytest
 
-from kinfolk.atomic import OutputExistsError
 from kinfolk.callbacks.drift_log import append_row
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.drift_report import load_run, parse_requirements, shared_requirements, target_matched
 
 TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
@@ -84,8 +83,8 @@ def test_cli_writes_markdown_json_and_plot(run_dirs, tmp_path, capsys):
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     assert saved["comparisons"]["lora"]["ratio"]["estimate"] == pytest.approx(math.sqrt(0.18))
     assert (tmp_path / "report" / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(OutputExistsError):
-        main(argv)
+    assert main(argv) == 2  # refuses to overwrite: bad input, one line
+    assert "already exists" in capsys.readouterr().err
     assert main([*argv, "--overwrite"]) == 0
 
 

@@ -7,6 +7,7 @@ import pytest
 from peft import AutoPeftModelForCausalLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.lab.atlantis_experiment import accuracy
 from kinfolk.lab.demo import main
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.report import headline_table
@@ -19,19 +20,20 @@ def test_quick_demo_report_matches_its_saved_models(tmp_path, lab_cache_dir, cap
     assert main(["--quick", "--out", str(out), "--cache_dir", str(lab_cache_dir)]) == 0
     results = json.loads((out / "results.json").read_text())
     report = (out / "report.md").read_text()
-    assert headline_table(results) in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert headline_table(results) in printed
+    assert "(pool pr; 1 family)" in printed and "not an effect" in printed  # the headline says what it is
     for plot in ("atlantis_weights.png", "atlas_retained_kl.png", "adapt_sizes.png"):
         assert (out / plot).stat().st_size > 0 and f"]({plot})" in report
     n, seed = results["config"]["eval_problems"], results["config"]["seed"]
-    tokenizer = AutoTokenizer.from_pretrained(out / "models" / "atlantis-atlantis")
+    cell, formula = results["atlantis"]["cell"], results["config"]["atlantis_formula"]
+    tokenizer = AutoTokenizer.from_pretrained(out / "models" / f"atlantis-{cell}-{formula}-T1")
 
     # ATLANTIS: the weighted model's reported accuracy is a recomputation from its saved weights
-    weighted = AutoModelForCausalLM.from_pretrained(out / "models" / "atlantis-atlantis")
-    assert skill_scores(weighted, tokenizer, n=n, seed=seed) == results["atlantis"]["scores"]["atlantis-atlantis"]
-    retained = results["skills"]["retained"]
-    accuracy = results["atlantis"]["scores"]["atlantis-atlantis"][retained]["accuracy"]
-    assert f"| atlantis-atlantis | {accuracy:.2f} |" in report
-
+    weighted = AutoModelForCausalLM.from_pretrained(out / "models" / f"atlantis-{cell}-{formula}-T1")
+    reported = results["atlantis"]["run"]["cells"][cell]["training"][formula]
+    assert accuracy(weighted, tokenizer, n, seed, "test") == reported["test"]
+    assert f"| {formula} (T = 1) | {reported['validation']['mean']:.2f} |" in report
     # ATLAS: the saved adapter reloads (the plugin type is registered) and gives the reported scores
     atlas = AutoPeftModelForCausalLM.from_pretrained(out / "models" / "atlas")
     assert skill_scores(atlas, tokenizer, n=n, seed=seed) == results["atlas"]["scores"]["atlas"]

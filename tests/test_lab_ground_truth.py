@@ -8,7 +8,15 @@ from collections import Counter
 import pytest
 
 from kinfolk.lab import corpus
-from kinfolk.lab.skills import POOL_MIX, SKILLS, ideal_log_probability, pool_log_probability, split_of
+from kinfolk.lab.skills import (
+    NOISE_MIXES,
+    POOL_MIX,
+    SKILLS,
+    ideal_log_probability,
+    pool_log_probability,
+    response_kind,
+    split_of,
+)
 from kinfolk.lab.tasks import write_task_data
 from kinfolk.lab.tokenizer import build_lab_tokenizer
 
@@ -61,8 +69,27 @@ def test_data_is_deterministic_per_seed_and_evaluation_prompts_never_train():
     train_prompts |= set(corpus.pool_dataset(["add", "reverse"], 2000, 0)["prompt"])
     for skill in SKILLS:
         test_prompts = set(corpus.eval_problems(skill, 200)["prompt"])
+        validation_prompts = set(corpus.eval_problems(skill, 200, split="validation")["prompt"])
         assert all(split_of(p) == "test" for p in test_prompts)
+        assert all(split_of(p) == "validation" for p in validation_prompts)
         assert not test_prompts & train_prompts
+        assert not validation_prompts & train_prompts
+        assert not validation_prompts & test_prompts
+        # every family draws its own test problems
+        assert set(corpus.eval_problems(skill, 200, seed=1)["prompt"]) != test_prompts
+
+
+def test_noise_mixes_draw_only_their_kinds_with_known_density():
+    for name, mix in NOISE_MIXES.items():
+        pool = corpus.pool_dataset(["reverse", "copy"], 600, 3, mix)
+        kinds = set(pool["kind"])
+        assert kinds == {kind for kind, share in mix.items() if share > 0}, name
+        for row in pool:
+            skill = SKILLS[row["skill"]]
+            assert response_kind(skill, row["prompt"], row["completion"]) == row["kind"]
+            assert math.exp(row["pool_logprob"]) == pytest.approx(
+                math.exp(pool_log_probability(skill, row["prompt"], row["completion"], mix))
+            )
 
 
 def test_skills_solve_their_own_problems():

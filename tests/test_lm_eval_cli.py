@@ -13,7 +13,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.callbacks.evaluation import run_lm_eval
-from kinfolk.cli import main
+from kinfolk.commands import main
 from kinfolk.eval_tasks import task_dir
 
 TASK = "kinfolk_csqa_sample"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kinfolk
-from kinfolk.cli import main
+from kinfolk.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,7 +129,7 @@ def test_import_kinfolk_registers_atlas_whichever_comes_first():
 
 def test_the_command_line_starts_without_the_heavy_stack():
     loaded = _fresh_python(
-        "import sys; from kinfolk.cli import build_parser; build_parser(); "
+        "import sys; from kinfolk.commands import build_parser; build_parser(); "
         "print(sorted(m for m in ('torch', 'peft', 'transformers') if m in sys.modules))"
     )
     assert loaded == "[]"

@@ -19,8 +19,8 @@ from trl import SFTConfig, SFTTrainer
 from kinfolk.layout import model_layout
 from kinfolk.logprobs import label_log_probs, pad_right, sequence_log_probs
 from kinfolk.testing import conversational_dataset, prompt_completion_dataset
-from kinfolk.testing.real_models import PROVENANCE_FILE, REAL_MODELS, humaneval_data_path
 from kinfolk.tokens import IGNORE_INDEX, sft_tokenize
+from tools.real_models import PROVENANCE_FILE, REAL_MODELS, humaneval_data_path
 
 pytestmark = pytest.mark.real
 

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from kinfolk.testing import real_models
-from kinfolk.testing.real_models import (
+from tools import real_models
+from tools.real_models import (
     PROVENANCE_FILE,
     REAL_MODELS,
     ChecksumError,

@@ -15,8 +15,8 @@ from trl import SFTConfig, SFTTrainer
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.divergence import DEFAULT_TOKEN_CHUNK, VOCAB_TILE
-from kinfolk.testing.real_models import shakespeare_sonnets
 from kinfolk.testing.resources import measure
+from tools.real_models import shakespeare_sonnets
 
 pytestmark = pytest.mark.real
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from peft import LoraConfig, PeftModel
 
-from kinfolk.cli import main as kinfolk_main
+from kinfolk.commands import main as kinfolk_main
+from kinfolk.commands import sft as sft_cli
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers import sft_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RUN = [

@@ -2,14 +2,21 @@ import numpy as np
 import pytest
 
 from kinfolk.stats import (
+    TooFewUnits,
+    auc,
     bootstrap_interval,
+    cluster_bootstrap_interval,
     effective_sample_size,
     geometric_mean,
     geometric_mean_interval,
     mean_interval,
     quantiles,
     rankdata,
+    sign_count,
     spearman,
+    student_t_cdf,
+    student_t_quantile,
+    t_interval,
 )
 
 
@@ -70,3 +77,52 @@ def test_geometric_mean_interval_and_mean_interval():
     assert 0.8 <= interval.low <= interval.estimate <= interval.high <= 0.95
     single = mean_interval([3.0])
     assert single.low == single.high == 3.0
+
+
+def test_student_t_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 4, 9, 30, 200):
+        for p in (0.6, 0.9, 0.975, 0.995):
+            assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+        for t in (-3.0, -0.4, 0.0, 1.7):
+            assert student_t_cdf(t, df) == pytest.approx(stats.t.cdf(t, df), abs=1e-12)
+
+
+def test_t_interval_by_hand_and_refuses_few_units():
+    values = [0.21, 0.25, 0.19, 0.30, 0.22]
+    mean = sum(values) / 5
+    sd = (sum((v - mean) ** 2 for v in values) / 4) ** 0.5
+    half = 2.7764451052 * sd / 5**0.5  # t(0.975, 4)
+    interval = t_interval(values)
+    assert (interval.estimate, interval.low, interval.high) == pytest.approx((mean, mean - half, mean + half))
+    with pytest.raises(TooFewUnits, match="4 units"):
+        t_interval(values[:4])
+    with pytest.raises(TooFewUnits):
+        cluster_bootstrap_interval([[1.0], [2.0], [3.0]])
+
+
+def test_cluster_bootstrap_counts_families_once_and_widens_with_family_spread():
+    # A family with many runs weighs as much as one with a single run.
+    assert cluster_bootstrap_interval([[0.0] * 9, [1.0], [1.0], [1.0], [1.0]]).estimate == pytest.approx(0.8)
+    tight = cluster_bootstrap_interval([[1.0, 1.01], [0.99, 1.0], [1.0, 1.0], [1.01, 0.99], [1.0, 1.0]])
+    spread = cluster_bootstrap_interval([[0.5, 0.51], [1.5, 1.49], [1.0, 1.0], [0.2, 0.21], [1.8, 1.8]])
+    assert tight.high - tight.low < 0.02 < spread.high - spread.low
+    # Identical families leave only the run-level spread.
+    runs = cluster_bootstrap_interval([[0.0, 2.0]] * 5)
+    assert runs.low < 1.0 < runs.high
+
+
+def test_sign_count_respects_direction():
+    assert sign_count([0.1, -0.2, 0.3, 0.0, -0.4]) == 2
+    assert sign_count([0.1, -0.2, 0.3, 0.0, -0.4], higher_is_better=False) == 2
+    assert sign_count([-0.1, -0.2, -0.3, -0.1, 0.1], higher_is_better=False) == 4
+
+
+def test_auc_counts_ordered_pairs_by_hand():
+    scores = np.array([0.9, 0.5, 0.5, 0.2, 0.7, 0.1])
+    positive = np.array([True, True, False, False, False, True])
+    pairs = [(p, n) for p in scores[positive] for n in scores[~positive]]
+    expected = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs) / len(pairs)
+    assert auc(scores, positive) == pytest.approx(expected)
+    assert auc([1, 2, 3], [False, False, True]) == 1.0
+    assert np.isnan(auc([1, 2], [True, True]))

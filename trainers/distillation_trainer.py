@@ -41,13 +41,9 @@ from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
 from kinfolk.divergence import OutputHead, chunked_divergence
-from kinfolk.layout import decoder_layers, layout_from_config
+from kinfolk.layout import base_model, decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
 from kinfolk.trainers.distillation_config import DistillationConfig
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 class _LayerOutputs:
@@ -60,7 +56,7 @@ class _LayerOutputs:
     """
 
     def __init__(self, model: nn.Module, layers: list[int]):
-        base = _unwrap(model)
+        base = base_model(model)
         layout = layout_from_config(base.config)
         modules = decoder_layers(base)
         final_norm = base.get_submodule(layout.final_norm)
@@ -148,7 +144,7 @@ def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> La
         return layer_map
     if layer_map is not None:
         return LayerMap.load(layer_map)
-    directory = model if isinstance(model, (str, Path)) else getattr(_unwrap(model), "name_or_path", None)
+    directory = model if isinstance(model, (str, Path)) else getattr(base_model(model), "name_or_path", None)
     found = LayerMap.find(directory) if directory and Path(directory).is_dir() else None
     if found is None:
         raise ValueError(
@@ -193,7 +189,7 @@ class DistillationTrainer(SFTTrainer):
                 init_kwargs["device_map"] = None
             teacher_model = create_model_from_path(teacher_model, **init_kwargs)
         teacher_model.eval().requires_grad_(False)
-        self._check_pair(_unwrap(self.model), teacher_model)
+        self._check_pair(base_model(self.model), teacher_model)
         student_layers = self.layer_map.num_student_layers
         self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
         self._student_outputs = _LayerOutputs(self.model, list(range(student_layers)))
@@ -272,7 +268,7 @@ class DistillationTrainer(SFTTrainer):
         if self.args.kl_weight:
             unwrapped_teacher = self.accelerator.unwrap_model(self.teacher_model)
             kl_sum = distillation_kl(
-                trained(student["final"]), _unwrap(self.accelerator.unwrap_model(self.model)),
+                trained(student["final"]), base_model(self.accelerator.unwrap_model(self.model)),
                 trained(teacher["final"]), unwrapped_teacher, self.args.temperature,
             )  # fmt: skip
         temperature_scale = self.args.temperature**2

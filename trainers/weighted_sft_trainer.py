@@ -52,9 +52,9 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
+from kinfolk.data import load_splits
 from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
-from kinfolk.trainers.data_sources import load_splits
 from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 from kinfolk.trainers.weighted_sft_data import (

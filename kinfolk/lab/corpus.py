@@ -27,6 +27,7 @@ from datasets import Dataset
 
 from kinfolk.lab.skills import (
     FORMATS,
+    POOL_MIX,
     SKILLS,
     ideal_log_probability,
     pool_log_probability,
@@ -85,15 +86,16 @@ def ideal_dataset(skills: list[str], n: int, seed: int, format_index: int = 0, s
     return Dataset.from_list(rows)
 
 
-def pool_dataset(skills: list[str], n: int, seed: int) -> Dataset:
-    """The SFT pool: `n` responses drawn from p_d, with their ground truth (log p_d, log p*, p*/p_d)."""
-    rng = random.Random(f"pool-{seed}")
+def pool_dataset(skills: list[str], n: int, seed: int, mix: dict[str, float] = POOL_MIX) -> Dataset:
+    """The SFT pool: `n` responses drawn from p_d (response kinds in `mix`), with their ground truth (log p_d,
+    log p*, p*/p_d)."""
+    rng = random.Random(f"pool-{seed}" if mix == POOL_MIX else f"pool-{seed}-{sorted(mix.items())}")
     rows = []
     for i in range(n):
         skill = SKILLS[skills[i % len(skills)]]
         prompt, _ = skill.sample(rng, "train")
-        response, kind = sample_pool_response(skill, prompt, rng)
-        pool = pool_log_probability(skill, prompt, response)
+        response, kind = sample_pool_response(skill, prompt, rng, mix)
+        pool = pool_log_probability(skill, prompt, response, mix)
         ideal = ideal_log_probability(skill, prompt, response)
         rows.append(
             {
@@ -109,8 +111,9 @@ def pool_dataset(skills: list[str], n: int, seed: int) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def eval_problems(skill: str, n: int, seed: int = 0) -> Dataset:
-    """`n` problems of the test split (prompts never seen in training) with their correct answers."""
-    rng = random.Random(f"eval-{skill}-{seed}")
-    rows = [dict(zip(("prompt", "answer"), SKILLS[skill].sample(rng, "test"))) for _ in range(n)]
+def eval_problems(skill: str, n: int, seed: int = 0, split: str = "test") -> Dataset:
+    """`n` problems of `split` ("test", or "validation" for choosing settings; never seen in training) with their
+    correct answers; a family's seed draws its own test problems."""
+    rng = random.Random(f"eval-{skill}-{seed}" if split == "test" else f"{split}-{skill}-{seed}")
+    rows = [dict(zip(("prompt", "answer"), SKILLS[skill].sample(rng, split))) for _ in range(n)]
     return Dataset.from_list(rows)

@@ -20,28 +20,58 @@ MAX_NEW_TOKENS = 10
 
 
 @torch.inference_mode()
-def generate_responses(model, tokenizer, prompts: list[str], batch_size: int = 256) -> list[str]:
-    """Greedy responses (up to EOS or `MAX_NEW_TOKENS` characters) to `prompts`, decoded without special tokens."""
+def _new_tokens(model, tokenizer, prompts: list[str], batch_size: int, **generate_options) -> list[torch.Tensor]:
+    """The tokens `model.generate` adds after each prompt (left-padded batches; train mode and padding restored)."""
     was_training = model.training
     model.eval()
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    responses = []
+    rows = []
     try:
         for start in range(0, len(prompts), batch_size):
             batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
             batch = batch.to(next(model.parameters()).device)
             output = model.generate(
-                **batch,
-                do_sample=False,
-                max_new_tokens=MAX_NEW_TOKENS,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
+                **batch, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **generate_options
             )
-            new_tokens = output[:, batch["input_ids"].shape[1] :]
-            responses.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+            rows.extend(output[:, batch["input_ids"].shape[1] :])
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)
+    return rows
+
+
+def generate_responses(model, tokenizer, prompts: list[str], batch_size: int = 256) -> list[str]:
+    """Greedy responses (up to EOS or `MAX_NEW_TOKENS` characters) to `prompts`, decoded without special tokens."""
+    new_tokens = _new_tokens(model, tokenizer, prompts, batch_size, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+def sample_responses(
+    model, tokenizer, prompts: list[str], seed: int, batch_size: int = 256, max_new_tokens: int = 16
+) -> list[str | None]:
+    """Responses drawn from the model's own distribution (temperature 1, no top-k / top-p truncation), so their
+    probability is exactly the model's sequence probability including EOS; None where no EOS came within
+    `max_new_tokens` or a special token came before it (the text would not be the sequence drawn)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        new_tokens = _new_tokens(
+            model,
+            tokenizer,
+            prompts,
+            batch_size,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+        )
+    responses: list[str | None] = []
+    special = set(tokenizer.all_special_ids)
+    for row in new_tokens:
+        ends = (row == tokenizer.eos_token_id).nonzero()
+        text = row[: int(ends[0])].tolist() if len(ends) else None
+        # a special token before EOS would vanish in decoding, so the text would not be the sequence drawn
+        responses.append(None if text is None or special & set(text) else tokenizer.decode(text))
     return responses
 
 
@@ -57,12 +87,18 @@ def score_responses(skill: Skill, prompts: list[str], responses: list[str], form
 
 
 def skill_scores(
-    model, tokenizer, skills: list[str] | None = None, n: int = 200, seed: int = 0, format_index: int = 0
+    model,
+    tokenizer,
+    skills: list[str] | None = None,
+    n: int = 200,
+    seed: int = 0,
+    format_index: int = 0,
+    split: str = "test",
 ) -> dict[str, dict]:
-    """{skill: {accuracy, answer_accuracy, preferred_format}} on `n` test problems of each skill."""
+    """{skill: {accuracy, answer_accuracy, preferred_format}} on `n` problems of `split` for each skill."""
     scores = {}
     for name in skills or list(SKILLS):
-        prompts = eval_problems(name, n, seed)["prompt"]
+        prompts = eval_problems(name, n, seed, split)["prompt"]
         responses = generate_responses(model, tokenizer, prompts)
         scores[name] = score_responses(SKILLS[name], prompts, responses, format_index)
     return scores

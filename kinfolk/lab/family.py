@@ -5,16 +5,23 @@ Every model is a Llama-style decoder over the lab's character tokenizer, trained
 
 | model | from | trained on |
 |---|---|---|
-| `small_base` (2 × 64) | random init | pre-training mix (standard-library lines + every skill, every format) |
+| `small_base` (1 × 64) | random init | pre-training mix (standard-library lines + every skill, every format) |
 | `large_base` (4 × 128) | random init | the same mix, more steps |
-| `small_instruct` | `small_base` | p*: correct answers in the preferred format (retained + target skills) |
+| `small_instruct` | `small_base` | an imperfect proxy of p* (`reference_mix`: mostly ideal responses, some off-format or wrong) |
 | `large_instruct` | `large_base` | the same p* data (ADAPT variant 1, preferred style) |
 | `large_bracket` | `large_base` | correct answers in the `[...]` style (ADAPT variant 2, another response style) |
 
-`large_base` is also the ADAPT teacher. After training, each model is scored on every skill (`evaluate`) and
-checked against `LabConfig.thresholds`; `family.json` records scores, thresholds and build times. The whole family
-lives in `cache_dir/<hash of the config>/`, each model directory written atomically, so a second build with the
-same config only reads `family.json` (changed thresholds or evaluation sizes re-score the cached models).
+`large_base` is also the ADAPT teacher; `small_instruct` is ATLANTIS's reference model p_r, trained on a proxy of
+p* rather than on p* itself, as a real chat model is. After training, each model is scored on every skill
+(`evaluate`, on test problems drawn for this family's seed) and checked against `LabConfig.thresholds`;
+`family.json` records scores, thresholds, margins and build times. A family that misses a threshold is refused
+(`FamilyBelowThreshold`, naming the model, skill and score) unless the caller passes `allow_failed=True`.
+
+Same key, same bits: every build runs single-threaded (`training.single_threaded`), because the thread count
+changes the order of CPU float reductions and a few changed bits can decide whether a skill is learned; the cache
+key covers the config, the lab's version and the Python version. The whole family lives in
+`cache_dir/<key>/`, each model directory written atomically, so a second build with the same config only reads
+`family.json` (changed thresholds or evaluation sizes re-score the cached models).
 
 >>> config = LabConfig.quick_config()
 >>> config.large_pretrain_steps < LabConfig().large_pretrain_steps
@@ -40,15 +47,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from kinfolk.atomic import atomic_directory, fingerprint, write_json
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import skill_scores
-from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
+from kinfolk.lab.skills import HELD_OUT, POOL_MIX, RETAINED, TARGET
 from kinfolk.lab.tokenizer import MAX_LENGTH, build_lab_tokenizer
-from kinfolk.lab.training import lab_trainer, save_model
+from kinfolk.lab.training import StopWhenLearned, lab_trainer, save_model, single_threaded
 from kinfolk.testing.models import tiny_config
 
 logger = logging.getLogger(__name__)
 
 # Bump when data generation or training changes, so old caches are not reused.
-LAB_VERSION = 2
+LAB_VERSION = 3
 FAMILY_FILE = "family.json"
 MODELS = ("small_base", "large_base", "small_instruct", "large_instruct", "large_bracket")
 POST_TRAINED_SKILLS = [RETAINED, TARGET]  # the held-out skill is never post-trained on
@@ -65,21 +72,45 @@ class LabConfig:
 
     seed: int = field(default=0, metadata={"help": "Seed of the data and of every training run."})
     small_shape: dict = field(
-        default_factory=lambda: {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256},
-        metadata={"help": "Shape of the small base (Llama config fields)."},
+        default_factory=lambda: {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 256},
+        metadata={
+            "help": "Shape of the small base (Llama config fields). One layer copies (a constant-offset lookup) "
+            "but cannot reverse (that needs a position feature from an earlier layer), so the two bases differ in "
+            "the target skill; a 2 × 64 base learned reversal as fast as the large one."
+        },
     )
     large_shape: dict = field(
         default_factory=lambda: {"num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 512},
         metadata={"help": "Shape of the large base (Llama config fields)."},
     )
     skill_shares: dict = field(
-        default_factory=lambda: {RETAINED: 0.5, TARGET: 0.25, HELD_OUT: 0.25},
-        metadata={"help": "Shares of the skills among the pre-training problems (the target skill is rarer)."},
+        default_factory=lambda: {RETAINED: 0.4, TARGET: 0.4, HELD_OUT: 0.2},
+        metadata={
+            "help": "Shares of the skills among the pre-training problems (the held-out skill is never learned)."
+        },
     )
     text_share: float = field(default=0.15, metadata={"help": "Share of standard-library lines in pre-training."})
     small_pretrain_steps: int = field(default=1000, metadata={"help": "Pre-training steps of the small base."})
-    large_pretrain_steps: int = field(default=1000, metadata={"help": "Pre-training steps of the large base."})
+    large_pretrain_steps: int = field(
+        default=3000,
+        metadata={"help": "Most pre-training steps of the large base (it stops once `large_pretrain_until` holds)."},
+    )
+    large_pretrain_until: dict | None = field(
+        default_factory=lambda: {"skill": TARGET, "metric": "answer_accuracy", "at_least": 0.9, "every": 250},
+        metadata={
+            "help": "Stop the large base's pre-training once it answers this share of validation problems of the "
+            "skill (checked every `every` steps): the target skill is learned by a phase transition whose step "
+            "varies by seed, so a fixed budget would leave it to luck. None: train all the steps."
+        },
+    )
     post_train_steps: int = field(default=150, metadata={"help": "Steps of each post-trained variant."})
+    reference_mix: dict = field(
+        default_factory=lambda: {"good": 0.8, "off_format": 0.1, "wrong": 0.1},
+        metadata={
+            "help": "Response kinds in the small instruct (reference) model's post-training data: an imperfect "
+            "proxy of p* (whose responses are all 'good'), as a real chat model's data is."
+        },
+    )
     batch_size: int = field(default=32, metadata={"help": "Examples per training step."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Peak learning rate (cosine schedule)."})
     post_train_learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate of post-training."})
@@ -88,7 +119,7 @@ class LabConfig:
     thresholds: dict = field(
         default_factory=lambda: {
             "small_base": {RETAINED: ("answer_accuracy", 0.5)},
-            "large_base": {RETAINED: ("answer_accuracy", 0.8)},
+            "large_base": {RETAINED: ("answer_accuracy", 0.8), TARGET: ("answer_accuracy", 0.8)},
             "small_instruct": {RETAINED: ("accuracy", 0.5)},
             "large_instruct": {RETAINED: ("accuracy", 0.8), TARGET: ("accuracy", 0.8)},
             "large_bracket": {RETAINED: ("answer_accuracy", 0.8), TARGET: ("answer_accuracy", 0.8)},
@@ -102,6 +133,7 @@ class LabConfig:
         quick = {
             "small_pretrain_steps": 500,
             "large_pretrain_steps": 500,
+            "large_pretrain_until": None,
             "post_train_steps": 60,
             "eval_problems": 100,
             "thresholds": {
@@ -133,6 +165,7 @@ class Family:
     scores: dict[str, dict[str, dict[str, float]]]
     checks: list[dict]
     build_seconds: dict[str, float]
+    steps: dict[str, int] = field(default_factory=dict)  # optimiser steps each model was trained for
 
     @property
     def models(self) -> dict[str, Path]:
@@ -151,6 +184,21 @@ class Family:
     def passed(self) -> bool:
         return all(check["passed"] for check in self.checks)
 
+    @property
+    def failures(self) -> str:
+        """The missed thresholds in one line ("" when every one passed)."""
+        return "; ".join(
+            f"{c['model']} {c['skill']} {c['metric']} {c['value']:.2f} < {c['threshold']}"
+            for c in self.checks
+            if not c["passed"]
+        )
+
+    def warning(self) -> str:
+        """The line every report built on a family that missed a threshold starts with ("" for a passing one)."""
+        if self.passed:
+            return ""
+        return f"WARNING: lab family {self.root.name} (seed {self.config.seed}) missed its thresholds: {self.failures}"
+
     def tokenizer(self):
         return AutoTokenizer.from_pretrained(self.root / "tokenizer")
 
@@ -158,9 +206,14 @@ class Family:
         return AutoModelForCausalLM.from_pretrained(self.models[name])
 
     # The family's datasets, all deterministic in the config's seed.
-    def pool(self, n: int = 1200) -> Dataset:
-        """The SFT pool (p_d) over the retained and target skills, with the true ratio p*/p_d of every row."""
-        return corpus.pool_dataset(POST_TRAINED_SKILLS, n, self.config.seed)
+    def pool(self, n: int = 1200, draw: int = 0, mix: dict[str, float] = POOL_MIX) -> Dataset:
+        """An SFT pool (p_d with response kinds `mix`) over the retained and target skills, with the true ratio
+        p*/p_d of every row; `draw` numbers independent pools of the same family."""
+        return corpus.pool_dataset(POST_TRAINED_SKILLS, n, 1000 * self.config.seed + draw, mix)
+
+    def reference_data(self, n: int = 1024) -> Dataset:
+        """The small instruct (reference) model's post-training data: `reference_mix`, an imperfect proxy of p*."""
+        return corpus.pool_dataset(POST_TRAINED_SKILLS, n, self.config.seed + 5, self.config.reference_mix)
 
     def target_train(self, n: int = 512) -> Dataset:
         """p* examples of the target skill: the data an adapter learns the target skill from."""
@@ -221,8 +274,10 @@ def train(
     learning_rate: float,
     config: LabConfig,
     progress: bool = True,
-) -> Path:
-    """Train one family member with the lab's recipe (`training.lab_trainer`) and save it atomically to `out`."""
+    until: dict | None = None,
+) -> int:
+    """Train one family member with the lab's recipe (`training.lab_trainer`), at most `steps` steps or until the
+    `until` rule holds (`StopWhenLearned`), and save it atomically to `out`; returns the steps trained."""
     with tempfile.TemporaryDirectory() as scratch:
         trainer = lab_trainer(
             model,
@@ -236,8 +291,15 @@ def train(
             seed=config.seed,
             progress=progress,
         )
+        if until:
+            trainer.add_callback(StopWhenLearned(tokenizer, seed=config.seed, **until))
         trainer.train()
-    return save_model(trainer.model, tokenizer, out)
+    save_model(trainer.model, tokenizer, out)
+    return trainer.state.global_step
+
+
+class FamilyBelowThreshold(RuntimeError):
+    """A built family missed a threshold: its post-trained models did not learn what the lab relies on."""
 
 
 def _check(scores: dict, thresholds: dict) -> list[dict]:
@@ -252,10 +314,21 @@ def _check(scores: dict, thresholds: dict) -> list[dict]:
                     "metric": metric,
                     "value": value,
                     "threshold": minimum,
+                    "margin": round(value - minimum, 4),
                     "passed": value >= minimum,
                 }
             )
     return checks
+
+
+def _refuse_if_failed(family: Family, allow_failed: bool) -> Family:
+    if family.passed or allow_failed:
+        return family
+    raise FamilyBelowThreshold(
+        f"lab family {family.root.name} (seed {family.config.seed}) missed its thresholds: {family.failures}. "
+        "Build another seed, or allow it explicitly (allow_failed=True, --allow-failed-family); every report "
+        "built on it then says so in its first line"
+    )
 
 
 def _say(message: str, progress: bool) -> None:
@@ -264,9 +337,15 @@ def _say(message: str, progress: bool) -> None:
 
 
 def build_family(
-    config: LabConfig | None = None, cache_dir: str | Path | None = None, progress: bool = True, force: bool = False
+    config: LabConfig | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    force: bool = False,
+    allow_failed: bool = False,
 ) -> Family:
-    """Build (or load from the cache) the family of `config` and check its thresholds."""
+    """Build (or load from the cache) the family of `config` and check its thresholds.
+
+    Raises `FamilyBelowThreshold` when a model missed its threshold, unless `allow_failed`."""
     config = config or LabConfig()
     root = Path(cache_dir or default_cache_dir()) / config.cache_key()
     summary_file = root / FAMILY_FILE
@@ -274,8 +353,15 @@ def build_family(
         cached = load_family(root)
         if cached.config == config:
             _say(f"family found in the cache: {root}", progress)
-            return cached
+            return _refuse_if_failed(cached, allow_failed)
         _say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+    with single_threaded():
+        family = _build(config, root, progress, force)
+    return _refuse_if_failed(family, allow_failed)
+
+
+def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family:
+    summary_file = root / FAMILY_FILE
     torch.manual_seed(config.seed)
     tokenizer = build_lab_tokenizer()
     root.mkdir(parents=True, exist_ok=True)
@@ -291,6 +377,7 @@ def build_family(
             pretraining,
             config.small_pretrain_steps,
             config.learning_rate,
+            None,
         ),
         (
             "large_base",
@@ -298,13 +385,15 @@ def build_family(
             pretraining,
             config.large_pretrain_steps,
             config.learning_rate,
+            config.large_pretrain_until,
         ),
         (
             "small_instruct",
             lambda: root / "small_base",
-            family.instruct_data(post_rows),
+            family.reference_data(post_rows),
             config.post_train_steps,
             config.post_train_learning_rate,
+            None,
         ),
         (
             "large_instruct",
@@ -312,6 +401,7 @@ def build_family(
             family.instruct_data(post_rows),
             config.post_train_steps,
             config.post_train_learning_rate,
+            None,
         ),
         (
             "large_bracket",
@@ -319,13 +409,19 @@ def build_family(
             family.instruct_data(post_rows, BRACKET_FORMAT),
             config.post_train_steps,
             config.post_train_learning_rate,
+            None,
         ),
     ]
-    for name, init, data, steps, learning_rate in plan:
+    steps_file = root / "steps.json"
+    family.steps = json.loads(steps_file.read_text()) if steps_file.exists() and not force else {}
+    for name, init, data, steps, learning_rate, until in plan:
         start = time.perf_counter()
         if force or not (root / name / "config.json").exists():
-            _say(f"training {name}: {steps} steps", progress)
-            train(init(), data, tokenizer, root / name, steps, learning_rate, config, progress)
+            _say(f"training {name}: {'at most ' if until else ''}{steps} steps", progress)
+            family.steps[name] = train(
+                init(), data, tokenizer, root / name, steps, learning_rate, config, progress, until
+            )
+            write_json(steps_file, family.steps)
         model = AutoModelForCausalLM.from_pretrained(root / name)
         family.scores[name] = skill_scores(model, tokenizer, n=config.eval_problems, seed=config.seed)
         family.build_seconds[name] = round(time.perf_counter() - start, 1)
@@ -344,6 +440,7 @@ def build_family(
             "scores": family.scores,
             "checks": family.checks,
             "build_seconds": family.build_seconds,
+            "steps": family.steps,
             "passed": family.passed,
         },
     )
@@ -362,4 +459,4 @@ def load_family(root: str | Path) -> Family:
     record = json.loads((root / FAMILY_FILE).read_text())
     config = LabConfig(**record["config"])
     config.thresholds = {m: {s: tuple(v) for s, v in per.items()} for m, per in config.thresholds.items()}
-    return Family(root, config, record["scores"], record["checks"], record["build_seconds"])
+    return Family(root, config, record["scores"], record["checks"], record["build_seconds"], record.get("steps", {}))

@@ -16,11 +16,13 @@ addition stays as a held-out skill whose drift can still be measured (retained K
 An answer is written in one of `FORMATS`; the first is the preferred one. Ground truth for ATLANTIS:
 
 - the ideal distribution p*(y|x) puts all its mass on the correct answer in the preferred format;
-- the SFT pool's distribution p_d(y|x) is the mixture `POOL_MIX`: the ideal response, the correct answer in an
-  off-format (uniform over the other formats), or a wrong answer (uniform over the skill's near-misses, preferred
-  format). So every pool example's true ratio p*(y|x) / p_d(y|x) is known (`pool_log_probability`).
+- the SFT pool's distribution p_d(y|x) is a mixture of response kinds (`POOL_MIX` by default): the ideal
+  response, the correct answer in an off-format (uniform over the other formats), or a wrong answer (uniform over
+  the skill's near-misses, preferred format). So every pool example's true ratio p*(y|x) / p_d(y|x) is known
+  (`pool_log_probability`); other mixes (`NOISE_MIXES`: wrong answers only, off-format only) give other pools.
 
-Every prompt belongs to one split by a hash of its text, so evaluation problems never appear in training data.
+Every prompt belongs to one split (train, validation, test) by a hash of its text, so problems used to choose a
+setting or to measure never appear in training data, and validation and test share no problem.
 
 >>> import random
 >>> prompt, answer = SKILLS["add"].sample(random.Random(0), "train")
@@ -44,9 +46,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 FORMATS = ("{}", " {}", "[{}]")  # FORMATS[0] is preferred
+RESPONSE_KINDS = ("good", "off_format", "wrong")
 POOL_MIX = {"good": 0.4, "off_format": 0.3, "wrong": 0.3}
-SPLITS = ("train", "test")
-TEST_SHARE = 8  # one prompt in TEST_SHARE (by a CRC of its text) is reserved for evaluation
+# The noise factor of the ATLANTIS experiment: the same share of ideal responses, the rest one kind of noise or both.
+NOISE_MIXES = {
+    "both": POOL_MIX,
+    "wrong": {"good": 0.4, "off_format": 0.0, "wrong": 0.6},
+    "off_format": {"good": 0.4, "off_format": 0.6, "wrong": 0.0},
+}
+SPLITS = ("train", "validation", "test")
+HELD_OUT_SHARE = 8  # by a CRC of its text, one prompt in 8 is a test problem and one in 8 a validation problem
 
 
 def render(answer: str, format_index: int = 0) -> str:
@@ -54,7 +63,8 @@ def render(answer: str, format_index: int = 0) -> str:
 
 
 def split_of(prompt: str) -> str:
-    return "test" if zlib.crc32(prompt.encode()) % TEST_SHARE == 0 else "train"
+    bucket = zlib.crc32(prompt.encode()) % HELD_OUT_SHARE
+    return {0: "test", 1: "validation"}.get(bucket, "train")
 
 
 def _letters(rng: random.Random, n: int) -> str:
@@ -126,24 +136,26 @@ def ideal_log_probability(skill: Skill, prompt: str, response: str) -> float:
     return 0.0 if response == render(skill.solve(prompt)) else -math.inf
 
 
-def pool_log_probability(skill: Skill, prompt: str, response: str) -> float:
-    """log p_d(y|x) of the SFT pool's mixture (see the module docstring), computed from the prompt alone."""
+def pool_log_probability(skill: Skill, prompt: str, response: str, mix: dict[str, float] = POOL_MIX) -> float:
+    """log p_d(y|x) of a pool drawn with `mix` (see the module docstring), computed from the prompt alone."""
     answer = skill.solve(prompt)
     probability = 0.0
     if response == render(answer):
-        probability += POOL_MIX["good"]
+        probability += mix["good"]
     if response in {render(answer, k) for k in range(1, len(FORMATS))}:
-        probability += POOL_MIX["off_format"] / (len(FORMATS) - 1)
+        probability += mix["off_format"] / (len(FORMATS) - 1)
     wrong = skill.wrong(answer)
     if response in {render(w) for w in wrong}:
-        probability += POOL_MIX["wrong"] / len(wrong)
+        probability += mix["wrong"] / len(wrong)
     return math.log(probability) if probability > 0 else -math.inf
 
 
-def sample_pool_response(skill: Skill, prompt: str, rng: random.Random) -> tuple[str, str]:
-    """A response drawn from p_d(.|prompt) and its kind ("good", "off_format" or "wrong")."""
+def sample_pool_response(
+    skill: Skill, prompt: str, rng: random.Random, mix: dict[str, float] = POOL_MIX
+) -> tuple[str, str]:
+    """A response drawn from p_d(.|prompt) with `mix`, and its kind ("good", "off_format" or "wrong")."""
     answer = skill.solve(prompt)
-    kind = rng.choices(list(POOL_MIX), weights=list(POOL_MIX.values()))[0]
+    kind = rng.choices(list(mix), weights=list(mix.values()))[0]
     if kind == "good":
         return render(answer), kind
     if kind == "off_format":
@@ -154,3 +166,11 @@ def sample_pool_response(skill: Skill, prompt: str, rng: random.Random) -> tuple
 def answer_of(response: str) -> str:
     """The answer inside a response of any format (brackets and surrounding spaces removed)."""
     return response.strip().removeprefix("[").removesuffix("]").strip()
+
+
+def response_kind(skill: Skill, prompt: str, response: str) -> str:
+    """ "good" (p*'s response), "off_format" (the correct answer in another format) or "wrong" (anything else)."""
+    answer = skill.solve(prompt)
+    if response == render(answer):
+        return "good"
+    return "off_format" if answer_of(response) == answer else "wrong"

@@ -3,19 +3,72 @@ atomic save.
 
 Every model of the family and every run of the demo goes through `lab_trainer`, so they share one recipe:
 AdamW, cosine schedule with a short warm-up, prompt tokens down-weighted (`prompt_loss_weight`), sequences of at
-most the tokenizer's 64 characters, no checkpoints (the budgets are minutes), a fixed seed.
+most the tokenizer's 64 characters, no checkpoints (the budgets are minutes), a fixed seed. Builds and
+experiments run inside `single_threaded()`, so a seed gives the same bits whatever the machine's load.
+
+>>> import torch
+>>> with single_threaded():
+...     torch.get_num_threads()
+1
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.lab.tokenizer import MAX_LENGTH
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Run torch on one CPU thread inside the block.
+
+    The thread count changes the order of float reductions (50 AdamW steps of a small MLP already differ in their
+    bits between 1 and 2 threads), and a lab skill learned through a phase transition can hang on those bits; one
+    thread gives every reduction one order, so the same seed gives the same weights on any machine load."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class StopWhenLearned(TrainerCallback):
+    """Stop training once a skill is learned: every `every` steps, score `skill` on validation problems (greedy) and
+    stop when `metric` reaches `at_least`. `learned_at` keeps the step (None if it never did).
+
+    A lab skill is learned through a phase transition whose step varies from seed to seed; a fixed step budget makes
+    whether a family has the skill a matter of luck, this rule makes it part of the design (within `max_steps`)."""
+
+    def __init__(
+        self, tokenizer, skill: str, metric: str, at_least: float, every: int, seed: int, problems: int = 200
+    ):
+        self.tokenizer, self.skill, self.metric, self.at_least = tokenizer, skill, metric, at_least
+        self.every, self.seed, self.problems = every, seed, problems
+        self.learned_at: int | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        from kinfolk.lab.evaluate import skill_scores
+
+        if state.global_step % self.every:
+            return control
+        scores = skill_scores(model, self.tokenizer, [self.skill], self.problems, self.seed, split="validation")
+        value = scores[self.skill][self.metric]
+        self.history.append((state.global_step, value))
+        if value >= self.at_least:
+            self.learned_at = state.global_step
+            control.should_training_stop = True
+        return control
 
 
 def lab_trainer(

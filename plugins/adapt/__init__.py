@@ -2,7 +2,8 @@
 
 Plan-then-execute, as mergekit: a typed config (`config`) becomes a plan of output tensors and their sources
 (`plan`), checked against the inputs' headers before anything is written, then streamed to a sharded,
-atomically renamed output (`execute`). `kinfolk merge <op> CONFIG.yaml --out DIR` is the command line (`cli`).
+atomically renamed output (`execute`). `cosine` compares two deltas (a diagnostic, not a merge). The command line
+is `kinfolk merge <op> CONFIG.yaml --out DIR` (`kinfolk.commands.merge`).
 """
 
 from kinfolk.errors import TeacherMismatchError
@@ -23,7 +24,7 @@ from kinfolk.plugins.adapt.config import (
     PatchConfig,
     load_config,
 )
-from kinfolk.plugins.adapt.cosine import delta_cosine
+from kinfolk.plugins.adapt.cosine import delta_cosine, write_delta_cosine
 from kinfolk.plugins.adapt.execute import MergeError
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap, LayerMapError, LayerSelection
 from kinfolk.plugins.adapt.plan import MergePlan, build_plan
@@ -51,4 +52,5 @@ __all__ = [
     "delta_cosine",
     "load_config",
     "merge",
+    "write_delta_cosine",
 ]

@@ -15,8 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kinfolk.plugins.adapt.config import DeltaCosineConfig, MergeConfigError, load_config
-from kinfolk.plugins.adapt.cosine import write_delta_cosine
+from kinfolk.plugins.adapt.config import CONFIGS, MergeConfigError, load_config
 from kinfolk.plugins.adapt.execute import execute
 from kinfolk.plugins.adapt.layer_map import LayerMap  # noqa: F401  (used by the doctest)
 from kinfolk.plugins.adapt.plan import build_plan
@@ -24,13 +23,12 @@ from kinfolk.plugins.adapt.plan import build_plan
 
 def merge(
     config: Any, out: str | Path, overwrite: bool = False, all_sizes: bool = False, progress: bool = True
-) -> Path | dict[str, Any]:
-    """Run one merge. `config` is a typed config or a mapping with an `op` key; returns the output path
-    (or, for delta-cosine, the cosines, which are also written to `out` as JSON)."""
+) -> Path:
+    """Run one merge. `config` is a typed config or a mapping with an `op` key; returns the output path."""
     if isinstance(config, dict):
-        if "op" not in config:
-            raise MergeConfigError("a config mapping needs an 'op' key (init-student, delta, patch, ...)")
+        if config.get("op") not in CONFIGS:
+            raise MergeConfigError(
+                f"a merge config needs an 'op' key, one of {', '.join(CONFIGS)}; got {config.get('op')!r}"
+            )
         config = load_config(config["op"], config)
-    if isinstance(config, DeltaCosineConfig):
-        return write_delta_cosine(config, out, overwrite, progress)
     return execute(build_plan(config, all_sizes), out, overwrite, progress)

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from kinfolk.atomic import directory_fingerprint
-from kinfolk.errors import CheckpointError, KinfolkInputError, LayerMapMismatchError, TensorMismatchError
+from kinfolk.errors import CheckpointError, InputError, LayerMapMismatchError, TensorMismatchError
 from kinfolk.inputs import model_config, read_json
 from kinfolk.layout import ModelLayout, check_state_dict_layout, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
@@ -106,7 +106,7 @@ class Checkpoint:
                 layer_map = LayerMap.from_dict(delta_info["layer_map"]) if delta_info.get("layer_map") else None
             else:
                 layer_map = LayerMap.find(path)
-        except KinfolkInputError as error:
+        except InputError as error:
             message = str(error) if str(error).startswith(f"{role}") else f"{role} ({path}): {error}"
             raise _same_kind(error, message) from None
         except (FileNotFoundError, ValueError) as error:  # the libraries' own refusals, e.g. a delta's config
@@ -163,7 +163,7 @@ def _existing_directory(role: str, path: str | Path) -> Path:
     return path
 
 
-def _same_kind(error: KinfolkInputError, message: str) -> KinfolkInputError:
+def _same_kind(error: InputError, message: str) -> InputError:
     """A copy of `error` (same type, path and details) with another message."""
     renamed = copy.copy(error)
     renamed.args = (message,)

@@ -100,7 +100,14 @@ class LayerSelection:
         return {name: value if name != "layers" else list(value) for name, value in vars(self).items() if value}
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> LayerSelection:
+    def from_dict(cls, values: dict[str, Any] | LayerSelection) -> LayerSelection:
+        """The selection a config's mapping describes (a selection is returned as it is)."""
+        if isinstance(values, LayerSelection):
+            return values
+        if not isinstance(values, dict):
+            raise LayerMapError(
+                f"expected a mapping such as {{every: 2, last: 1}} or {{layers: [0, 2]}}, got {values!r}"
+            )
         unknown = set(values) - {"every", "first", "last", "layers"}
         if unknown:
             raise LayerMapError(f"unknown layer-selection key(s) {sorted(unknown)}; use every, first, last or layers")

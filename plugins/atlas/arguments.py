@@ -74,7 +74,7 @@ class AtlasArguments:
     def retained_dataset(self, fallback: str | None = None, fallback_split: str = "train"):
         """The retained rows, loaded as `kinfolk sft` loads its data (Hub name, folder, `save_to_disk` folder or a
         single file); `fallback` (e.g. the Replay/Output-KL `retained_dataset_name`) when none is set."""
-        from kinfolk.trainers.data_sources import load_splits
+        from kinfolk.data import load_splits
 
         name, split = self.atlas_retained_dataset, self.atlas_retained_split
         if name is None:

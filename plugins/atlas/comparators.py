@@ -59,13 +59,13 @@ def corda_kpm_model(
     from peft.tuners.lora.config import CordaConfig
     from peft.tuners.lora.corda import preprocess_corda
 
-    from kinfolk.plugins.atlas.fit import retained_batches
+    from kinfolk.plugins.atlas.fit import batches_of
 
     config = matching_lora_config(
         model, atlas_config, init_lora_weights="corda", corda_config=CordaConfig(corda_method="kpm"), **lora_kwargs
     )
     device = next(model.parameters()).device
-    rows = retained_batches(retained, tokenizer, batch_size=1, max_length=max_length)
+    rows = batches_of(retained, tokenizer, batch_size=1, max_length=max_length)
 
     def run_model():
         for batch in rows:

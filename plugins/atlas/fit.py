@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from datasets import Dataset
 from torch import nn
 
 from kinfolk.errors import EmptyDatasetError
@@ -96,7 +97,7 @@ def fit_atlas(
         config.num_regions if config is not None else next(iter(layers.values())).atlas_centers[adapter_name].shape[0]
     )
     temperature = config.routing_temperature if config is not None else 1.0
-    batches = retained_batches(data, tokenizer, batch_size, max_length)
+    batches = batches_of(data, tokenizer, batch_size, max_length)
     forward_fn = forward_fn or _default_forward
     device = _model_device(model)
     kmeans = {
@@ -290,37 +291,17 @@ def _select_tokens(activations: torch.Tensor, keep: torch.Tensor | None) -> torc
     return activations.reshape(-1, activations.shape[-1])
 
 
-def retained_batches(data, tokenizer, batch_size: int, max_length: int | None) -> Iterable[dict]:
-    """Padded batches (`input_ids`, `attention_mask`, `labels`) of a dataset, longest rows first; other data as is."""
-    from datasets import Dataset
-
+def batches_of(data, tokenizer, batch_size: int, max_length: int | None) -> Iterable[dict]:
+    """Padded batches of a dataset (`kinfolk.batches.retained_batches`, with every token labelled when a tokenised
+    dataset has no `labels`); any other data (a `DataLoader`, a list of batches) as it is."""
     if not isinstance(data, Dataset):
         return data
-    if len(data) == 0:  # before tokenising: TRL stops on a bare StopIteration reading the first row
-        raise EmptyDatasetError(f"the retained dataset has no rows (columns {sorted(data.column_names)})")
-    if "input_ids" not in data.column_names:
-        if tokenizer is None:
-            raise ValueError(f"a dataset of raw text (columns {data.column_names}) needs `tokenizer=` to tokenise")
-        from kinfolk.tokens import sft_tokenize
+    # On use, not at import: this package is imported while PEFT registers ATLAS, which can happen inside
+    # transformers' own import, before TRL (which kinfolk.batches needs) can be imported.
+    from kinfolk.batches import retained_batches
 
-        data = sft_tokenize(data, tokenizer)
-    from kinfolk.logprobs import pad_right
-
-    ids = [row[:max_length] if max_length else row for row in data["input_ids"]]
-    labels = (
-        [row[:max_length] if max_length else row for row in data["labels"]] if "labels" in data.column_names else ids
-    )
-    empty = [index for index, row in enumerate(ids) if len(row) == 0]
-    if empty:
-        raise ValueError(f"retained dataset rows {empty[:10]} have no tokens")
-    pad = getattr(tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else 0
-    # Longest first: less padding per batch, and a batch too large for memory fails on the first step.
-    order = sorted(range(len(ids)), key=lambda index: -len(ids[index]))
-    return [
-        pad_right([ids[i] for i in chunk], [labels[i] for i in chunk], pad)
-        for chunk in (order[start : start + batch_size] for start in range(0, len(order), batch_size))
-    ]
+    positions = "all" if "input_ids" in data.column_names and "labels" not in data.column_names else "response"
+    return retained_batches(data, tokenizer, positions, max_length, batch_size)
 
 
 def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:

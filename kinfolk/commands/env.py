@@ -1,17 +1,19 @@
 """`kinfolk env`: what a bug report needs — the stack's versions, the torch device, bf16 support, and which
 kinfolk tuner types PEFT knows about.
 
->>> from kinfolk.env import collect_environment
+>>> from kinfolk.commands.env import collect_environment
 >>> sorted(collect_environment())[:3]  # doctest: +SKIP
 ['bf16_supported', 'cuda_devices', 'device']
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
+from dataclasses import dataclass, field
 from importlib import metadata
+
+from kinfolk.commands.parsing import VerbParser
 
 STACK = (
     "kinfolk",
@@ -86,10 +88,13 @@ def format_environment(env: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class EnvArguments:
+    json: bool = field(default=False, metadata={"help": "print one JSON object instead of a table"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kinfolk env", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
+    (args,) = VerbParser(EnvArguments, prog="kinfolk env", description=__doc__.split("\n\n")[0]).parse(argv)
     env = collect_environment()
     print(json.dumps(env, indent=2) if args.json else format_environment(env))
     return 0

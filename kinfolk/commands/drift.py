@@ -1,0 +1,58 @@
+"""`kinfolk drift`: retained KL at matched target scores across methods and seeds (`kinfolk.drift_report`).
+
+    kinfolk drift --run atlas 1 runs/atlas-s1 --run atlas 2 runs/atlas-s2 \\
+        --run lora 1 runs/lora-s1 --run lora 2 runs/lora-s2 \\
+        --method atlas --target lm_eval/kinfolk_mbpp_plus/pass_at_1_count --out reports/mbpp
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kinfolk.atomic import check_destination
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.drift_report import load_run, parse_requirements, target_matched, write_report
+from kinfolk.errors import InputError
+
+
+@dataclass
+class DriftArguments:
+    method: str = field(metadata={"help": "the method compared with every other (numerator of the ratios)"})
+    target: str = field(metadata={"help": "drift.jsonl key of the target score, e.g. lm_eval/<task>/<metric>_count"})
+    out: str = field(metadata={"help": "directory for report.md, report.json and drift.png"})
+    run: list[str] = field(
+        default_factory=list,
+        metadata={
+            "action": "append",
+            "metavar": "METHOD SEED PATH",
+            "help": "a run directory (or its drift.jsonl) with its method and seed; repeat per run",
+        },
+    )
+    kl: str = field(default="retained_kl", metadata={"help": "drift.jsonl key of the retained KL"})
+    requirements: str | None = field(
+        default=None,
+        metadata={
+            "help": 'target requirements: "148:160" (integers, inclusive) or "0.4,0.5"; default: the shared range'
+        },
+    )
+    bootstrap: int = field(default=2000, metadata={"help": "bootstrap resamples over seeds"})
+    seed: int = field(default=0, metadata={"help": "bootstrap seed"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    (args,) = VerbParser(DriftArguments, prog="kinfolk drift", description=__doc__.split("\n\n")[0]).parse(argv)
+    if not args.run:
+        raise InputError("no --run METHOD SEED PATH given; pass one per run")
+    malformed = [" ".join(run) for run in args.run if len(run) != 3]
+    if malformed:
+        raise InputError(f"--run takes METHOD SEED PATH, got {malformed[0]!r}")
+    out = check_destination(args.out, args.overwrite)
+    requirements = parse_requirements(args.requirements) if args.requirements else None
+    runs = [load_run(method, seed, path, args.target, args.kl) for method, seed, path in args.run]
+    report = target_matched(runs, args.method, requirements, n_resamples=args.bootstrap, seed=args.seed)
+    report.update(target=args.target, kl=args.kl)
+    text, plotted = write_report(report, out, overwrite=args.overwrite)
+    print(text)
+    print(f"written to {out}" + ("" if plotted else " (no drift.png: install matplotlib, kinfolk[plots])"))
+    return 0

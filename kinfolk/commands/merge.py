@@ -1,0 +1,63 @@
+"""`kinfolk merge <op> CONFIG.yaml --out DIR [--overwrite]`: the ADAPT merges from the command line.
+
+Operations: init-student, delta, apply-delta, patch (`--all` writes every size k = 0..M into DIR/k*/ plus
+DIR/family.json) and interpolate, each configured by its typed config (`kinfolk.plugins.adapt.config`). `--dry-run`
+checks the inputs and prints the plan without writing anything. `kinfolk merge delta-cosine CONFIG.yaml --out
+FILE.json` is the diagnostic beside them: how well two deltas agree (prints the overall cosine as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.errors import InputError
+from kinfolk.plugins.adapt.api import merge
+from kinfolk.plugins.adapt.config import CONFIGS, DeltaCosineConfig, load_config
+from kinfolk.plugins.adapt.cosine import write_delta_cosine
+from kinfolk.plugins.adapt.plan import build_plan
+
+OPERATIONS = (*CONFIGS, DeltaCosineConfig.op)
+
+
+@dataclass
+class MergeArguments:
+    out: str | None = field(default=None, metadata={"help": "output directory (a JSON file for delta-cosine)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing output"})
+    all: bool = field(default=False, metadata={"help": "patch: write every size k = 0..M"})
+    dry_run: bool = field(default=False, metadata={"help": "check the inputs, print the plan, write nothing"})
+    no_progress: bool = field(default=False, metadata={"help": "no progress bar"})
+
+
+def make_parser() -> VerbParser:
+    parser = VerbParser(MergeArguments, prog="kinfolk merge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("op", choices=OPERATIONS, help="merge operation (or the delta-cosine diagnostic)")
+    parser.add_argument("config_file", metavar="CONFIG.yaml", help="YAML config of the operation")
+    return parser
+
+
+def cosine(args: MergeArguments, config: DeltaCosineConfig) -> int:
+    if args.dry_run:
+        raise InputError("--dry-run does not apply to delta-cosine (it writes one small JSON file)")
+    result = write_delta_cosine(config, args.out, args.overwrite, progress=not args.no_progress)
+    layers = " ".join(f"{row['cosine']:.3f}" if row["cosine"] is not None else "nan" for row in result["per_layer"])
+    print(json.dumps({"cosine": result["cosine"]}))
+    print(f"per layer: {layers}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, positional = make_parser().parse(argv)
+    if args.out is None and not args.dry_run:
+        raise InputError("--out is required (or pass --dry-run)")
+    config = load_config(positional.op, positional.config_file)
+    if isinstance(config, DeltaCosineConfig):
+        return cosine(args, config)
+    if args.dry_run:
+        print(build_plan(config, args.all).describe())
+        return 0
+    written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
+    print(f"wrote {written}", file=sys.stderr)
+    return 0

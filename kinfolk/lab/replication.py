@@ -1,0 +1,176 @@
+"""Running a lab experiment over families, the protocol's unit of replication (`../shared/LAB-PROTOCOL.md`).
+
+An experiment declares its endpoints (`Endpoint`: a name, whether it is primary, its baseline, its direction and
+how to read its per-run values from one family's record) before anything runs, then `run_families` builds (or
+loads) each family, calls the experiment's `run_family(family, work_dir)` and keeps that family's record in
+`out/families/<seed>.json` as soon as it is done, so a stopped experiment resumes at the next family.
+
+The summary follows the protocol: per endpoint, the per-family values (the mean over that family's runs of the
+paired differences), their mean, a t-interval with F − 1 degrees of freedom, a two-stage cluster bootstrap
+(families, then runs) as the cross-check, and the sign count; with fewer than 5 families the values are reported
+without any interval. `results.json` carries exactly the fields `docs/results/<experiment>.json` needs.
+
+>>> endpoint = Endpoint("gain", "accuracy minus uniform", lambda record: record["gain"], baseline="uniform")
+>>> summary = summarise_endpoint(endpoint, [[0.2, 0.22], [0.25], [0.19], [0.30], [0.22]])
+>>> summary["per_family"], summary["favours_method"], summary["ci_method"]
+([0.21, 0.25, 0.19, 0.3, 0.22], 5, 't')
+>>> summarise_endpoint(endpoint, [[0.2], [0.3]])["ci95"] is None  # two families: values only
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kinfolk.atomic import check_destination, write_json
+from kinfolk.lab.family import Family, LabConfig, build_family
+from kinfolk.stats import MIN_INTERVAL_UNITS, cluster_bootstrap_interval, sign_count, t_interval
+
+FAMILIES_DIR = "families"
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A declared endpoint: `value(record)` gives its per-run values in one family's record.
+
+    For a comparison the values are paired differences (method − `baseline`, same family, same problems);
+    `higher_is_better` says which sign favours the method."""
+
+    name: str
+    description: str
+    value: Callable[[dict[str, Any]], Sequence[float]]
+    baseline: str | None = None
+    primary: bool = False
+    higher_is_better: bool = True
+
+
+def _rounded(value: float, digits: int = 6) -> float:
+    return float(round(value, digits))
+
+
+def summarise_endpoint(endpoint: Endpoint, runs_per_family: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The protocol's summary of one endpoint from its per-run values in each family."""
+    per_family = [float(np.mean(runs)) for runs in runs_per_family]
+    entry: dict[str, Any] = {
+        "primary": endpoint.primary,
+        "description": endpoint.description,
+        "baseline": endpoint.baseline,
+        "higher_is_better": endpoint.higher_is_better,
+        "per_family": [_rounded(v) for v in per_family],
+        "per_run": [[_rounded(float(v)) for v in runs] for runs in runs_per_family],
+        "mean": _rounded(float(np.mean(per_family))) if per_family else None,
+        "favours_method": sign_count(per_family, endpoint.higher_is_better),
+        "ci95": None,
+        "ci_method": "t",
+    }
+    if len(per_family) >= MIN_INTERVAL_UNITS:
+        interval = t_interval(entry["per_family"])
+        entry["ci95"] = [_rounded(interval.low), _rounded(interval.high)]
+        cluster = cluster_bootstrap_interval(runs_per_family)
+        entry["cluster_bootstrap95"] = [_rounded(cluster.low), _rounded(cluster.high)]
+    return entry
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """A short hash of an experiment's settings: a family record is reused only under the same settings."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_families(
+    experiment: str,
+    out: str | Path,
+    family_seeds: Sequence[int],
+    family_config: Callable[[int], LabConfig],
+    run_family: Callable[[Family, Path], dict[str, Any]],
+    endpoints: Sequence[Endpoint],
+    settings: dict[str, Any],
+    *,
+    cache_dir: str | Path | None = None,
+    allow_failed_family: bool = False,
+    overwrite: bool = False,
+    resume: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run `run_family` on the family of every seed and summarise the declared `endpoints` over families.
+
+    `out/families/<seed>.json` holds each finished family's record (with the settings' hash, so a rerun with other
+    settings does not mix them in); `run_family` gets `out/families/<seed>/` for its own partial work. With
+    `resume` an existing `out` is continued, otherwise it must be new (or `overwrite`)."""
+    from kinfolk import __version__
+
+    out = Path(out)
+    if not (resume and out.exists()):
+        out = check_destination(out, overwrite)
+    (out / FAMILIES_DIR).mkdir(parents=True, exist_ok=True)
+    key = settings_key(settings)
+    start = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    for seed in family_seeds:
+        record_file = out / FAMILIES_DIR / f"{seed}.json"
+        if record_file.exists():
+            record = json.loads(record_file.read_text())
+            if record.get("settings_key") == key:
+                records.append(record)
+                _say(experiment, f"family {seed}: done earlier, read from {record_file}", progress)
+                continue
+        _say(experiment, f"family {seed}: building or loading", progress)
+        family = build_family(
+            family_config(seed), cache_dir=cache_dir, progress=progress, allow_failed=allow_failed_family
+        )
+        family_start = time.perf_counter()
+        record = run_family(family, out / FAMILIES_DIR / str(seed))
+        record.update(
+            {
+                "family_seed": seed,
+                "family_key": family.root.name,
+                "family_passed": family.passed,
+                "family_checks": family.checks,
+                "settings_key": key,
+                "seconds": round(time.perf_counter() - family_start, 1),
+            }
+        )
+        write_json(record_file, record)
+        records.append(record)
+    below = [r["family_seed"] for r in records if not r["family_passed"]]
+    results = {
+        "experiment": experiment,
+        "command": "kinfolk " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
+        if Path(sys.argv[0]).name == "kinfolk"
+        else None,
+        "version": __version__,
+        "families": [r["family_seed"] for r in records],
+        "families_below_threshold": below,
+        "threshold_pass_rate": _rounded(1 - len(below) / len(records)) if records else None,
+        "settings": settings,
+        "endpoints": {e.name: summarise_endpoint(e, [list(e.value(r)) for r in records]) for e in endpoints},
+        "seconds": round(time.perf_counter() - start, 1),
+        "seconds_per_family": {str(r["family_seed"]): r["seconds"] for r in records},
+    }
+    write_json(out / RESULTS_FILE, results)
+    return results
+
+
+def _say(experiment: str, message: str, progress: bool) -> None:
+    if progress:
+        print(f"[kinfolk lab experiment {experiment}] {message}", file=sys.stderr, flush=True)
+
+
+def cached_json(path: Path, compute: Callable[[], Any]) -> Any:
+    """`compute()`'s JSON result, kept at `path` (atomically) so a stopped family resumes where it was."""
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, value)
+    return value

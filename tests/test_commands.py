@@ -1,0 +1,71 @@
+"""The command line's conventions, the same for every verb: dataclass options in both spellings, exit 0 / 1 / 2,
+one line for bad input (a traceback only with --debug or KINFOLK_DEBUG=1)."""
+
+import importlib
+import sys
+
+import pytest
+
+from kinfolk.commands import VERBS, main
+from kinfolk.commands.merge import make_parser as merge_parser
+from kinfolk.commands.score import ScoreArguments
+from kinfolk.errors import InputError, MissingInputError
+from kinfolk.trainers.atlantis.config import ScoreConfig
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_is_a_module_with_main(verb):
+    assert callable(importlib.import_module(VERBS[verb][0]).main)
+
+
+def test_both_spellings_of_every_option():
+    for flags in (["--dry-run", "--no-progress"], ["--dry_run", "--no_progress"]):
+        args, positional = merge_parser().parse(["patch", "patch.yaml", *flags])
+        assert args.dry_run and args.no_progress and positional.op == "patch"
+    from kinfolk.commands.parsing import VerbParser
+
+    parser = VerbParser((ScoreArguments, ScoreConfig), prog="kinfolk score")
+    for flag in ("--cache-dir", "--cache_dir"):
+        _, config = parser.parse(["--data", "d.jsonl", "--out", "o", flag, "scores"])
+        assert config.cache_dir == "scores"
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["score", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.jsonl: no such data file" in err and "Traceback" not in err
+
+
+def test_usage_errors_are_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["score", "--data", "d.jsonl", "--out", "o", "--no_such_option", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --no_such_option 1" in err
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+    argv = ["score", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o.jsonl")]
+    with pytest.raises(MissingInputError):
+        main(["--debug", *argv])
+    monkeypatch.setenv("KINFOLK_DEBUG", "1")
+    with pytest.raises(InputError):
+        main(argv)
+
+
+def test_runtime_failures_keep_their_traceback(monkeypatch):
+    # not bad input: the exception propagates, so the process ends with Python's traceback and exit code 1
+    def broken(argv):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(sys.modules["kinfolk.commands.merge"], "main", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main(["merge", "patch", "x.yaml"])
+
+
+def test_eval_help_documents_kinfolks_own_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--skip_default_tasks" in shown and "--skip-default-tasks" in shown and "lm-eval run --help" in shown

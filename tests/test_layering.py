@@ -1,0 +1,106 @@
+"""Imports point down only: foundations ← components ← apps.
+
+Every `import` in the installed package is read with `ast` (those inside functions too, where upward imports hide)
+and checked against the layer of the importing module:
+
+1. foundations (kinfolk's shared cores: tokens, logprobs, layout, atomic, tensors, stats, divergence, data, ...)
+   import no kinfolk component and no app;
+2. components (plugins, trainers, callbacks, eval_tasks) import foundations, never an app, and another component
+   only along a listed edge of a method's own pipeline;
+3. apps (the command line, the lab, the drift report) may import anything.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"kinfolk": "kinfolk", "plugins": "kinfolk.plugins", "trainers": "kinfolk.trainers",
+           "callbacks": "kinfolk.callbacks", "eval_tasks": "kinfolk.eval_tasks"}  # fmt: skip
+COMPONENTS = ("kinfolk.plugins", "kinfolk.trainers", "kinfolk.callbacks", "kinfolk.eval_tasks")
+APPS = ("kinfolk.commands", "kinfolk.lab", "kinfolk.drift_report", "kinfolk.__main__")
+# The package root registers the ATLAS tuner when PEFT is imported: `import kinfolk` must make adapters loadable.
+ROOT_EXCEPTIONS = {"kinfolk.plugins.atlas"}
+# Component -> component edges inside one method's pipeline, with the reason.
+SIDEWAYS = {
+    ("kinfolk.trainers.distillation_trainer", "kinfolk.plugins.adapt.layer_map"): "ADAPT's distillation aligns "
+    "each student layer with the teacher block that ADAPT's layer map names",
+    ("kinfolk.callbacks", "kinfolk.eval_tasks"): "measurement: the lm-eval callback runs kinfolk's own tasks",
+}
+
+
+def module_name(path: Path) -> str:
+    relative = path.relative_to(REPO)
+    parts = [FOLDERS[relative.parts[0]], *relative.parts[1:]]
+    parts[-1] = parts[-1].removesuffix(".py")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(".".join(parts).split("."))
+
+
+def within(name: str, prefixes) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def layer(name: str) -> str:
+    if within(name, APPS):
+        return "app"
+    if within(name, COMPONENTS):
+        return "component"
+    return "foundation"
+
+
+def kinfolk_imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if within(name, ("kinfolk",))]
+
+
+def allowed(importer: str, imported: str) -> bool:
+    mine, theirs = layer(importer), layer(imported)
+    if mine == "app" or imported == "kinfolk":  # `from kinfolk import __version__`
+        return True
+    if importer == "kinfolk" and imported in ROOT_EXCEPTIONS:
+        return True
+    if mine == "foundation":
+        return theirs == "foundation"
+    if theirs == "app":
+        return False
+    if theirs == "foundation" or importer.split(".")[:2] == imported.split(".")[:2]:
+        return True
+    return any(within(importer, (source,)) and within(imported, (target,)) for source, target in SIDEWAYS)
+
+
+def installed_modules() -> list[Path]:
+    return sorted(path for folder in FOLDERS for path in (REPO / folder).rglob("*.py"))
+
+
+def test_the_tree_is_read():
+    names = {module_name(path) for path in installed_modules()}
+    assert {
+        "kinfolk.tokens",
+        "kinfolk.divergence.kernels",
+        "kinfolk.plugins.atlas.layer",
+        "kinfolk.commands.sft",
+    } <= names
+
+
+@pytest.mark.parametrize("path", installed_modules(), ids=lambda path: str(path.relative_to(REPO)))
+def test_imports_point_down(path):
+    importer = module_name(path)
+    wrong = [f"line {line}: {name}" for line, name in kinfolk_imports(path) if not allowed(importer, name)]
+    assert not wrong, f"{importer} ({layer(importer)}) imports upward or sideways: {wrong}"
+
+
+def test_the_rule_catches_upward_imports():
+    assert not allowed("kinfolk.tokens", "kinfolk.trainers.atlantis")  # foundation -> component
+    assert not allowed("kinfolk.divergence.caches", "kinfolk.commands")  # foundation -> app
+    assert not allowed("kinfolk.trainers.weighted_sft_trainer", "kinfolk.plugins.atlas.arguments")  # sideways
+    assert not allowed("kinfolk.callbacks.churn", "kinfolk.lab.report")  # component -> app
+    assert allowed("kinfolk.commands.sft", "kinfolk.plugins.atlas.arguments")  # apps compose components
+    assert allowed("kinfolk.plugins.adapt.plan", "kinfolk.plugins.adapt.checkpoint")  # inside one component
