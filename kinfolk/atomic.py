@@ -242,7 +242,8 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def check_destination(destination: str | Path, overwrite: bool) -> Path:
-    """Refuse an existing destination unless `overwrite`; call before long work so the user learns early.
+    """Refuse an existing destination unless `overwrite`, and one that cannot be created (`check_writable`); call
+    before long work so the user learns early.
 
     Also removes what dead writers left beside it (so a rerun does not start with their tens of GB still on
     disk) and puts back an old output that an interrupted overwrite had moved aside.
@@ -253,6 +254,7 @@ def check_destination(destination: str | Path, overwrite: bool) -> Path:
         raise OutputExistsError(
             f"{destination} already exists; pass --overwrite (overwrite=True) to replace it", path=destination
         )
+    check_writable(destination)
     return destination
 
 

@@ -63,5 +63,5 @@ def check_scoring_inputs(
     if config.use_cache:
         check_writable(Path(config.cache_dir or default_cache_dir()) / "probe")
     if out is not None:
-        check_writable(check_destination(out, overwrite))
+        check_destination(out, overwrite)
     return configs
