@@ -197,7 +197,7 @@ class ScoreConfig(WeightConfig):
         super().__post_init__()
         _check_choice("overlong", self.overlong, ("error", "skip"))
         _check_choice("ifd_model", self.ifd_model, ROLES)
-        for name in ("tokens_per_batch", "chunk_tokens", "chunk_rows"):
+        for name in ("tokens_per_batch", "chunk_tokens", "chunk_rows", "max_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
