@@ -102,15 +102,16 @@ class WeightTransform:
                 f"the {dataset_name} dataset's weight column {column!r} has {len(bad)} invalid value(s) (weights must "
                 f"be finite non-negative numbers) in rows {_describe_rows(bad, values)}"
             )
+        clipped = np.clip(np.asarray(values, dtype=np.float64), clip_min, clip_max)
+        if not (clipped > 0).any():  # a loss of 0 everywhere: training (or evaluating) on it says nothing
+            raise WeightColumnError(
+                f"every weight in the {dataset_name} dataset's column {column!r} is 0"
+                + (" after clipping" if clip_min is not None or clip_max is not None else "")
+                + "; give some example a positive weight"
+            )
         if not normalize:
             return transform
-        clipped = np.clip(np.asarray(values, dtype=np.float64), clip_min, clip_max)
-        mean = float(clipped.mean()) if clipped.size else 0.0
-        if mean <= 0:
-            raise WeightColumnError(
-                f"cannot normalise the {dataset_name} dataset's weights to mean 1: every weight in {column!r} is 0"
-            )
-        return cls(column, clip_min, clip_max, 1.0 / mean)
+        return cls(column, clip_min, clip_max, 1.0 / float(clipped.mean()))
 
     def __call__(self, value: Any, row: int) -> float:
         if not _is_weight(value):
