@@ -39,7 +39,7 @@ def read_json(path: str | Path, what: str = "file") -> Any:
         raise CorruptFileError(f"the {what} {path} is not valid JSON ({error})", path=path) from None
 
 
-def _is_local(path: str | Path) -> bool:
+def is_local_path(path: str | Path) -> bool:
     """A path the user means as a directory (not a Hub id such as `org/name`)."""
     text = str(path)
     return Path(text).exists() or text.startswith((".", "/", "~")) or text.count("/") != 1
@@ -47,7 +47,7 @@ def _is_local(path: str | Path) -> bool:
 
 def model_config(path: str | Path, role: str) -> PretrainedConfig:
     """`AutoConfig.from_pretrained(path)`, its failures named by role and path."""
-    if _is_local(path) and not Path(path).is_dir():
+    if is_local_path(path) and not Path(path).is_dir():
         if Path(path).exists():
             raise ModelInputError(f"{role} model {path} is a file; give the model's directory", path=path)
         raise ModelInputError(
