@@ -220,7 +220,10 @@ def parse_config(cls: type, values: dict[str, Any]) -> Any:
     try:
         return TypeAdapter(cls).validate_python(values)
     except ValidationError as error:
-        raise _field_error(cls, error.errors()[0]) from None
+        errors = error.errors()
+        # an unknown field first: a misspelt field is otherwise reported as the real one missing
+        unknown = [item for item in errors if item["type"] in ("unexpected_keyword_argument", "extra_forbidden")]
+        raise _field_error(cls, (unknown or errors)[0]) from None
 
 
 def load_config(op: str, source: str | Path | dict[str, Any]) -> Any:
@@ -232,11 +235,22 @@ def load_config(op: str, source: str | Path | dict[str, Any]) -> Any:
         values = dict(source)
     else:
         if not Path(source).is_file():
-            raise MergeConfigError(f"{op}: config file {source} not found")
-        values = yaml.safe_load(Path(source).read_text()) or {}
+            raise MergeConfigError(f"{op}: config file {source} not found", path=source)
+        try:
+            values = yaml.safe_load(Path(source).read_text()) or {}
+        except yaml.YAMLError as error:
+            reason = " ".join(str(error).split())
+            raise MergeConfigError(f"{op}: {source} is not valid YAML ({reason})", path=source) from None
         if not isinstance(values, dict):
-            raise MergeConfigError(f"{op}: {source} must hold a YAML mapping of fields, got {type(values).__name__}")
+            raise MergeConfigError(
+                f"{op}: {source} must hold a YAML mapping of fields, got {type(values).__name__}", path=source
+            )
     named = values.pop("op", op)
     if named != op:
         raise MergeConfigError(f"{op}: the config is for another operation (op: {named!r})")
-    return parse_config(known[op], values)
+    try:
+        return parse_config(known[op], values)
+    except MergeConfigError as error:
+        if isinstance(source, dict):
+            raise
+        raise MergeConfigError(f"{source}: {error}", path=source) from None
