@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from kinfolk.errors import InputError
+
 
 @dataclass
 class BuildArguments:
@@ -42,7 +44,7 @@ class ExperimentArguments:
 
     def __post_init__(self) -> None:
         if self.families < 1:
-            raise ValueError(f"--families must be at least 1, got {self.families}")
+            raise InputError(f"--families must be at least 1, got {self.families}")
 
 
 def build(argv: list[str]) -> int:
@@ -63,7 +65,9 @@ def experiment(argv: list[str]) -> int:
 
         return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
     if argv[:1] != ["atlantis"]:
-        raise SystemExit("usage: kinfolk lab experiment {atlantis,atlas,adapt} [options]")
+        raise InputError(
+            f"choose an experiment: kinfolk lab experiment {{atlantis,atlas,adapt}} [options], not {argv[:1]}"
+        )
     from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
     from kinfolk.lab.results_doc import results_markdown
 
