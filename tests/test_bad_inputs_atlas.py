@@ -144,3 +144,22 @@ def test_fit_atlas_refuses_retained_data_with_nothing_to_fit(tiny_kit, tiny_toke
         named,
     )
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+
+
+# --- the config's own fields (what `kinfolk sft --atlas_*` builds) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"r": 0}, "r must be a positive integer, got 0"),
+        ({"num_regions": 0}, "num_regions must be a positive integer, got 0"),
+        ({"num_directions": -1}, "num_directions must be a positive integer, got -1"),
+        ({"residual": "lora"}, "residual='lora' is not an ATLAS variant"),
+        ({"atlas_dtype": "int8"}, "atlas_dtype='int8'"),
+        ({"routing_temperature": 0.0}, "routing_temperature must be > 0"),
+        ({"target_modules": ".*proj", "layers_to_transform": [0]}, "`layers_to_transform` cannot be used"),
+    ],
+)
+def test_an_atlas_config_with_a_bad_field_is_refused_naming_it(fields, named):
+    assert_refused(lambda: AtlasConfig(**fields), AdapterConfigError, named)
