@@ -43,6 +43,7 @@ from trl.trainer.utils import create_model_from_path
 from kinfolk.divergence import OutputHead, chunked_divergence
 from kinfolk.layout import base_model, decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
+from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.distillation_config import DistillationConfig
 
 
@@ -154,7 +155,7 @@ def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> La
     return found
 
 
-class DistillationTrainer(SFTTrainer):
+class DistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
     """SFTTrainer + frozen teacher: CE + λ_KL·T²·KL + λ_cos·Σ(1 − cos), optionally after a pre-training phase."""
 
     _tag_names: ClassVar[list[str]] = ["trl", "sft", "kinfolk", "distillation"]
