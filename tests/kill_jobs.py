@@ -8,8 +8,8 @@ MATCH, if given: any positional argument's text ending so) is followed (WHEN = a
 `finally`, no atexit, exactly what a power cut or the OOM killer leaves. `--no-exchange` takes the platform's
 atomic exchange away, to test the fallback overwrite. Jobs:
 
-- `merge`: `kinfolk.plugins.adapt.merge(config, out, overwrite, all_sizes)`.
-- `score`: `score_dataset` of a saved dataset with the score cache, saved atomically to `out` (as `kinfolk score`).
+- `merge`: `kinfolk merge OP CONFIG.yaml --out OUT [--all] [--overwrite]` (the command line, in this process).
+- `score`: `kinfolk score --data DATA --large_base ... --cache_dir CACHE --out OUT [--option value ...]` (the same).
 - `sft`: a `WeightedSFTTrainer` run with checkpoints every 2 steps (resumed from the last checkpoint with
   `resume: true`), its final parameters saved to `out`; runs under `accelerate launch` too.
 """
@@ -47,22 +47,27 @@ def install_kill(target: str, when: str, count: int, match: str | None) -> None:
     setattr(owner, name, killing)
 
 
-def merge_job(args: dict) -> None:
-    from kinfolk.plugins.adapt import merge
+def command(argv: list[str]) -> None:
+    """`kinfolk ARGV` in this process; a non-zero exit code is this job's."""
+    from kinfolk.commands import main
 
-    merge(args["config"], args["out"], overwrite=args["overwrite"], all_sizes=args["all_sizes"], progress=False)
+    status = main([str(argument) for argument in argv])
+    if status:
+        sys.exit(status)
+
+
+def merge_job(args: dict) -> None:
+    config = Path(args["out"]).with_name("merge-config.yaml")
+    config.write_text(json.dumps(args["config"]))  # JSON is YAML
+    flags = ["--all"] * args["all_sizes"] + ["--overwrite"] * args["overwrite"]
+    command(["merge", args["config"]["op"], config, "--out", args["out"], "--no-progress", *flags])
 
 
 def score_job(args: dict) -> None:
-    from datasets import load_from_disk
-
-    from kinfolk.atomic import atomic_directory
-    from kinfolk.trainers.atlantis import score_dataset
-
-    dataset = load_from_disk(args["data"])
-    scored = score_dataset(dataset, **args["models"], cache_dir=args["cache_dir"], **args.get("options", {}))
-    with atomic_directory(args["out"], overwrite=args["overwrite"]) as staging:
-        scored.save_to_disk(str(staging))
+    models = [item for role, path in args["models"].items() for item in (f"--{role}", path)]
+    options = [item for name, value in args.get("options", {}).items() for item in (f"--{name}", value)]
+    out = ["--out", args["out"], *["--overwrite"] * args["overwrite"]]
+    command(["score", "--data", args["data"], *models, "--cache_dir", args["cache_dir"], *options, *out])
 
 
 def sft_job(args: dict) -> None:

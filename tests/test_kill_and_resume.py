@@ -1,6 +1,7 @@
-"""Crash safety, measured with real SIGKILLs: a merge, a scoring run and SFT checkpointing killed at several points
-leave the destination whole or absent, the next run leaves nothing behind, and its result equals an uninterrupted
-run's. Also: how much work a killed scoring run loses (resume granularity), before and after token-sized chunks.
+"""Crash safety, measured with real SIGKILLs: `kinfolk merge patch --all`, `kinfolk score` (both through the command
+line) and SFT checkpointing killed at several points leave the destination whole or absent, the next run leaves
+nothing behind, and its result equals an uninterrupted run's. Also: how much work a killed scoring run loses
+(resume granularity), before and after token-sized chunks.
 """
 
 from __future__ import annotations
