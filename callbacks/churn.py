@@ -20,7 +20,6 @@ is an error: the two runs did not see the same data.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.errors import CorruptFileError, EmptyDatasetError, InputError, MissingInputError
+from kinfolk.errors import EmptyDatasetError, InputError
+from kinfolk.inputs import read_json_lines
 from kinfolk.stats import bootstrap_interval
 
 KINDS = ("C", "F", "G", "W")
@@ -51,23 +51,7 @@ class Outcome:
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
     """Records of an lm-eval samples file (JSON lines); a missing or empty file, or a line that is not a JSON
     object, is refused naming the file (and the line)."""
-    records = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise CorruptFileError(f"{path}:{number} is not JSON ({error})", path=path) from None
-                if not isinstance(record, dict):
-                    raise CorruptFileError(f"{path}:{number} is not a samples record (a JSON object)", path=path)
-                records.append(record)
-    except FileNotFoundError:
-        raise MissingInputError(f"{path}: no such samples file", path=path) from None
-    except UnicodeDecodeError as error:
-        raise CorruptFileError(f"{path} is not a text file of JSON lines ({error.reason})", path=path) from None
+    records = read_json_lines(path, "samples file", entry="a samples record (a JSON object)")
     if not records:
         raise EmptyDatasetError(f"{path} holds no sample records", path=path)
     return records

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kinfolk.errors import CorruptFileError, MissingInputError
+from kinfolk.inputs import read_json_lines
 
 DRIFT_FILE = "drift.jsonl"
 
@@ -43,25 +43,12 @@ def append_row(run_dir: str | Path, row: dict[str, Any]) -> Path:
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's drift log; a missing file, or a line that is not a JSON object with an integer `step`,
     is refused naming the file and line."""
-    path = drift_path(run_dir)
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise CorruptFileError(f"{path}:{number} is not a JSON object: {error}", path=path) from None
-                if not isinstance(row, dict) or type(row.get("step")) is not int:  # bool is not a step
-                    raise CorruptFileError(
-                        f"{path}:{number} is not a drift row (an object with an integer 'step')", path=path
-                    )
-                rows.append(row)
-    except FileNotFoundError:
-        raise MissingInputError(f"{path}: no such drift log (a run directory holds {DRIFT_FILE})", path=path) from None
-    return rows
+    return read_json_lines(
+        drift_path(run_dir),
+        f"drift log (a run directory holds {DRIFT_FILE})",
+        lambda row: isinstance(row, dict) and type(row.get("step")) is int,  # bool is not a step
+        "a drift row (an object with an integer 'step')",
+    )
 
 
 def steps(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

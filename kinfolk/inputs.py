@@ -1,4 +1,5 @@
-"""Checks of user inputs at the boundary: JSON files, model directories and their configs, tokenizers and weights.
+"""Checks of user inputs at the boundary: JSON and JSON-lines files, model directories and their configs, tokenizers
+and weights.
 
 Each check reads as little as it can (JSON files, safetensors headers) and turns the libraries' errors, which
 often lack the path or bury it in a traceback, into one-line `kinfolk.errors` errors naming the file and the
@@ -16,6 +17,7 @@ small_base model DIR: no such directory, and not a model id in the local Hugging
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,34 @@ def read_json(path: str | Path, what: str = "file") -> Any:
         raise MissingInputError(f"the {what} {path} does not exist", path=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptFileError(f"the {what} {path} is not valid JSON ({error})", path=path) from None
+
+
+def read_json_lines(
+    path: str | Path,
+    what: str,
+    is_entry: Callable[[Any], bool] = lambda entry: isinstance(entry, dict),
+    entry: str = "a JSON object",
+) -> list[Any]:
+    """The entries of a JSON-lines file, blank lines skipped; a missing file (`no such {what}`), a file that is not
+    text, and a line that is not JSON or not `entry` (`is_entry` false) are refused naming the file and line."""
+    entries = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise CorruptFileError(f"{path}:{number} is not JSON ({error})", path=path) from None
+                if not is_entry(value):
+                    raise CorruptFileError(f"{path}:{number} is not {entry}", path=path)
+                entries.append(value)
+    except FileNotFoundError:
+        raise MissingInputError(f"{path}: no such {what}", path=path) from None
+    except UnicodeDecodeError as error:
+        raise CorruptFileError(f"{path} is not a text file of JSON lines ({error.reason})", path=path) from None
+    return entries
 
 
 def is_local_path(path: str | Path) -> bool:

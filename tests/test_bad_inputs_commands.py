@@ -481,7 +481,7 @@ def drift_runs(tmp_path_factory):
 DRIFT_CASES = {
     "no runs": ([], [], ["no --run METHOD SEED PATH given"]),
     "run directory missing": ([("lora", "1", "missing")], [], ["missing/drift.jsonl: no such drift log"]),
-    "broken line": ([("lora", "1", "broken")], [], ["broken/drift.jsonl:3 is not a JSON object"]),
+    "broken line": ([("lora", "1", "broken")], [], ["broken/drift.jsonl:3 is not JSON"]),
     "row without a step": ([("lora", "1", "no-step")], [], ["no-step/drift.jsonl:1 is not a drift row"]),
     "score not a number": ([("lora", "1", "text-score")], [], ["text-score", "step 1", "'ten', not a finite number"]),
     "target never logged": ([("lora", "1", "no-target")], [], ["no-target", "no step with both", TARGET]),
