@@ -9,10 +9,10 @@ Reading (`load_splits`, `load_data`) takes what `trl sft`'s `--dataset_name` tak
 | anything else (a Hub name, a folder of data files) | `load_dataset(name, config)`, as TRL's scripts do |
 
 A local file that is missing (`MissingInputError`), empty (`EmptyDatasetError`) or unreadable
-(`DatasetFormatError`), a split that is not there and a split with no rows are refused with the path named. Writing (`save_dataset`)
-picks the format from `--out`: `*.jsonl` (JSON lines) or `*.parquet` are single files that TRL's YAML `datasets:`
-mixtures (`path: json` / `parquet`, `data_files:`) and `load_splits` read; any other path becomes a `save_to_disk`
-folder. Outputs appear whole or not at all (`kinfolk.atomic`).
+(`DatasetFormatError`), a split that is not there and a split with no rows are refused with the path named.
+Writing (`save_dataset`) picks the format from `--out`: `*.jsonl` (JSON lines) or `*.parquet` are single files that
+TRL's YAML `datasets:` mixtures (`path: json` / `parquet`, `data_files:`) and `load_splits` read; any other path
+becomes a `save_to_disk` folder. Outputs appear whole or not at all (`kinfolk.atomic`).
 
 >>> import tempfile, pathlib
 >>> from kinfolk.testing import text_dataset
