@@ -62,7 +62,9 @@ def experiment(argv: list[str]) -> int:
 
         return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
     if argv[:1] != ["atlantis"]:
-        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose atlantis, atlas or adapt")
+        raise InputError(
+            f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: atlantis, atlas or adapt"
+        )
     from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
     from kinfolk.lab.results_doc import results_markdown
 
