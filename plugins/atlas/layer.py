@@ -44,9 +44,20 @@ Residual variants (`AtlasConfig.residual`) and their row in the paper's Table 14
 | `"input_filter"`    | Input filter             | `ρ(h) · B tanh(A N(h) x)`           |
 | `"output_filter"`   | Output filter            | `ρ(h) · N'(h) B tanh(A x)`          |
 | `"atlas"`           | ATLAS (Table 2, full)    | `ρ(h) · N'(h) B tanh(A N(h) x)`     |
+| `"norm_matched"`    | control (cf. Table 15)   | `s(h) · B tanh(A h)`                |
 
 The full method composes both filters with the PCA scale: the shared residual sees the centred state with the
-retained directions attenuated, and its update is attenuated the same way on the output side. The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
+retained directions attenuated, and its update is attenuated the same way on the output side.
+
+`norm_matched` is the control for step size: the plain residual rescaled token by token to the norm of the full
+ATLAS residual of the same A and B, `s(h) = ‖Δ_atlas(h)‖ / ‖B tanh(A h)‖`, so it moves each token exactly as far as
+ATLAS would but in the unfiltered direction (does filtering matter beyond how far each token moves?). `s(h)` acts
+as a per-token step size: it carries no gradient (the plain residual's gradient, scaled by `s(h)`), and where the
+plain residual is zero (B = 0 at initialisation, when the ratio is 0/0) `s = 1`, so training can start. The
+paper's Table 15 rescales trained Plain checkpoints to paired ATLAS checkpoints after training; this control is
+trained with the rescaling in place, so its fronts can be compared with every other method's.
+
+The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
 `x = h`, `N = N' = I`, `ρ = 1`, so every variant except distance scaling reduces to the plain residual.
 
 The residual is nonlinear in `h`, so it has no weight delta: `merge` refuses, `unload` drops the adapter.
@@ -236,6 +247,13 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
     """Δ for flat tokens `h` (n, d_in); see the module docstring for the equations."""
     if variant == "plain":
         return torch.tanh(h @ A.T) @ B.T
+    if variant == "norm_matched":
+        plain = torch.tanh(h @ A.T) @ B.T
+        with torch.no_grad():
+            plain_norm = plain.norm(dim=-1, keepdim=True)
+            full_norm = _residual(h, A, B, "atlas", atlas).norm(dim=-1, keepdim=True)
+            scale = torch.where(plain_norm > 0, full_norm / plain_norm.clamp_min(_EPS), torch.ones_like(plain_norm))
+        return scale * plain
     weights = route(h, atlas["centers"], atlas["calibration"][0])
     x = h - weights @ atlas["centers"]
     if variant == "centered":
