@@ -104,6 +104,28 @@ def test_norm_matched_starts_training_from_zero_b():
     torch.testing.assert_close(layer.atlas_B["default"].grad, expected)
 
 
+def test_token_geometry_is_the_routed_distance_and_the_pca_scale():
+    layer = random_layer("atlas")
+    h = torch.randn(2, 3, 12, dtype=torch.float64)
+    atlas = {name[6:]: getattr(layer, name)["default"].double() for name in ATLAS_BUFFERS}
+    geometry = layer.token_geometry(h, "default")
+    mu, tau, s_d = atlas["centers"], atlas["calibration"][0], atlas["calibration"][1]
+    for index, token in enumerate(h.reshape(6, 12)):
+        w = torch.softmax(-((token - mu) ** 2).sum(-1) / tau, dim=0)
+        x = token - w @ mu
+        assert geometry["distance"].reshape(6)[index] == pytest.approx(float(x @ x / s_d), rel=1e-9)
+        # ρ by its definition, from the full ATLAS residual's reference and the pca_scaled one: Δ_pca = ρ B tanh(A x)
+        unscaled = layer.atlas_B["default"].detach() @ torch.tanh(layer.atlas_A["default"].detach() @ x)
+        rho = (
+            reference_delta(
+                token, layer.atlas_A["default"].detach(), layer.atlas_B["default"].detach(), atlas, "pca_scaled"
+            )
+            / unscaled
+        )
+        assert geometry["rho"].reshape(6)[index] == pytest.approx(float(rho[0]), rel=1e-9)
+    assert geometry["distance"].shape == geometry["rho"].shape == (2, 3)
+
+
 def test_variants_differ_from_each_other_on_a_random_atlas():
     h = torch.randn(6, 12, dtype=torch.float64)
     outputs = {variant: random_layer(variant)(h) for variant in RESIDUALS}

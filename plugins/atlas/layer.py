@@ -217,6 +217,18 @@ class AtlasLayer(BaseTunerLayer):
         out = _residual(flat, A.to(dtype), B.to(dtype), self.residual[adapter_name], self._atlas(adapter_name, dtype))
         return out.reshape(*h.shape[:-1], B.shape[0])
 
+    @torch.no_grad()
+    def token_geometry(self, h: torch.Tensor, adapter_name: str) -> dict[str, torch.Tensor]:
+        """Where tokens `h` (..., d_in) lie relative to the atlas, one value per token: `distance`, the squared
+        distance to the routed centre ‖h − c(h)‖² in units of s_d (its mean over the fitting tokens, so about 1 for
+        retained tokens and larger off the atlas), and `rho`, the PCA-derived scale ρ(h) ∈ [0, 1]."""
+        atlas = self._atlas(adapter_name, torch.promote_types(h.dtype, torch.float32))
+        flat = h.reshape(-1, h.shape[-1]).to(atlas["centers"].dtype)
+        weights, x = _centred(flat, atlas)
+        rho, _ = _pca_scale(x, weights, atlas)
+        distance = x.pow(2).sum(-1) / atlas["calibration"][1]
+        return {"distance": distance.reshape(h.shape[:-1]), "rho": rho.reshape(h.shape[:-1])}
+
     def _atlas(self, adapter_name: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {name[6:]: getattr(self, name)[adapter_name].to(dtype) for name in ATLAS_BUFFERS}
 
@@ -254,24 +266,34 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
             full_norm = _residual(h, A, B, "atlas", atlas).norm(dim=-1, keepdim=True)
             scale = torch.where(plain_norm > 0, full_norm / plain_norm.clamp_min(_EPS), torch.ones_like(plain_norm))
         return scale * plain
-    weights = route(h, atlas["centers"], atlas["calibration"][0])
-    x = h - weights @ atlas["centers"]
+    weights, x = _centred(h, atlas)
     if variant == "centered":
         return torch.tanh(x @ A.T) @ B.T
     if variant == "distance_scaled":
         scale = torch.tanh(x.pow(2).sum(-1, keepdim=True) / atlas["calibration"][1])
         return scale * (torch.tanh(x @ A.T) @ B.T)
-    in_basis, in_gamma = atlas["in_basis"], attenuation(atlas["in_spectrum"])
-    coords = coordinates(x, in_basis)
-    energy = x.pow(2).sum(-1, keepdim=True)
-    weighted = weights.unsqueeze(-1) * in_gamma * coords  # w_k γ_kj (u_kjᵀx)
-    rho = (1 - (weighted * coords).sum((-2, -1)).unsqueeze(-1) / (energy + _EPS)).clamp(0.0, 1.0)
+    rho, weighted = _pca_scale(x, weights, atlas)
     if variant in ("input_filter", "atlas"):
-        x = x - weighted.flatten(1) @ in_basis.flatten(0, 1)
+        x = x - weighted.flatten(1) @ atlas["in_basis"].flatten(0, 1)
     update = torch.tanh(x @ A.T) @ B.T
     if variant in ("output_filter", "atlas"):
         update = filter_directions(update, weights, atlas["out_basis"], attenuation(atlas["out_spectrum"]))
     return rho * update
+
+
+def _centred(h: torch.Tensor, atlas: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing weights w(h) (n, K) and the centred state x = h − c(h)."""
+    weights = route(h, atlas["centers"], atlas["calibration"][0])
+    return weights, h - weights @ atlas["centers"]
+
+
+def _pca_scale(x: torch.Tensor, weights: torch.Tensor, atlas: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """ρ(h) (n, 1) and the weighted input coordinates w_k γ_kj (u_kjᵀx) (n, K, p) the input filter removes."""
+    coords = coordinates(x, atlas["in_basis"])
+    weighted = weights.unsqueeze(-1) * attenuation(atlas["in_spectrum"]) * coords
+    energy = x.pow(2).sum(-1, keepdim=True)
+    rho = (1 - (weighted * coords).sum((-2, -1)).unsqueeze(-1) / (energy + _EPS)).clamp(0.0, 1.0)
+    return rho, weighted
 
 
 def route(h: torch.Tensor, centers: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
