@@ -115,12 +115,14 @@ def run_families(
     overwrite: bool = False,
     resume: bool = True,
     progress: bool = True,
+    summary: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run `run_family` on the family of every seed and summarise the declared `endpoints` over families.
 
     `out/families/<seed>.json` holds each finished family's record (with the settings' hash, so a rerun with other
     settings does not mix them in); `run_family` gets `out/families/<seed>/` for its own partial work. With
-    `resume` an existing `out` is continued, otherwise it must be new (or `overwrite`)."""
+    `resume` an existing `out` is continued, otherwise it must be new (or `overwrite`). `summary(records)` adds
+    the experiment's own keys to the results (e.g. the data of its figures)."""
     from kinfolk import __version__
 
     out = Path(out)
@@ -171,6 +173,8 @@ def run_families(
         "seconds": round(time.perf_counter() - start, 1),
         "seconds_per_family": {str(r["family_seed"]): r["seconds"] for r in records},
     }
+    if summary is not None:
+        results.update(summary(records))
     write_json(out / RESULTS_FILE, results)
     return results
 
