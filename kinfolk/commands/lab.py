@@ -75,7 +75,9 @@ def experiment(argv: list[str]) -> int:
 
         return adapt_main(argv[1:])
     if argv[:1] not in (["atlantis"], ["atlas"]):
-        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose atlantis, atlas or adapt")
+        raise InputError(
+            f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: atlantis, atlas or adapt"
+        )
     from kinfolk.lab.results_doc import results_markdown
 
     settings_class, run = _experiment_runner(argv[0])

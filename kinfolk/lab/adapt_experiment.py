@@ -96,6 +96,7 @@ def adapt_seed(family: Family, seed: int, out: Path, settings: dict[str, Any]) -
                 "teacher": str(variant),
                 "student": str(root / "adapt" / "distilled-base"),
                 "order": "back-to-front",
+                "allow_other_teacher": True,  # the cross-patch: the variant's blocks into the base's student
             },
             cross,
             True,
