@@ -41,6 +41,9 @@ def reference_delta(h, A, B, atlas, variant):
         "output_filter": lambda: rho * (n_out @ (B @ torch.tanh(A @ x))),
         "atlas": lambda: rho * (n_out @ (B @ torch.tanh(A @ (n_in @ x)))),
     }
+    if variant == "norm_matched":  # the plain direction at the full residual's length
+        plain = B @ torch.tanh(A @ h)
+        return plain * table["atlas"]().norm() / plain.norm()
     return table[variant]()
 
 
@@ -62,6 +65,65 @@ def test_every_variant_matches_the_hand_written_reference(variant):
     got = layer(h) - layer.base_layer(h)
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-11)
     assert expected.abs().max() > 1e-3  # the adapter is not trivially zero in this set-up
+
+
+def test_norm_matched_moves_each_token_as_far_as_atlas_in_the_plain_direction():
+    h = torch.randn(9, 12, dtype=torch.float64)
+    control, full, plain = (random_layer(variant) for variant in ("norm_matched", "atlas", "plain"))
+    delta = control(h) - control.base_layer(h)
+    atlas_delta, plain_delta = full(h) - full.base_layer(h), plain(h) - plain.base_layer(h)
+    torch.testing.assert_close(delta.norm(dim=-1), atlas_delta.norm(dim=-1), rtol=1e-9, atol=1e-12)
+    cosine = torch.nn.functional.cosine_similarity(delta, plain_delta, dim=-1)
+    torch.testing.assert_close(cosine, torch.ones(9, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert not torch.allclose(atlas_delta.norm(dim=-1), plain_delta.norm(dim=-1))  # the rescaling does something
+
+
+def test_norm_matched_scale_is_a_step_size_without_gradient():
+    control = random_layer("norm_matched")
+    h = torch.randn(5, 12, dtype=torch.float64)
+    A, B = control.atlas_A["default"], control.atlas_B["default"]
+    (control(h) - control.base_layer(h)).pow(2).sum().backward()
+    # by hand: Δ = s · B t with t = tanh(A h) and s held fixed, so ∂(Σ‖Δ‖²)/∂B = Σ_tokens 2 s² (B t) tᵀ
+    with torch.no_grad():
+        t = torch.tanh(h @ A.T)
+        plain = t @ B.T
+        atlas = {name[6:]: getattr(control, name)["default"].double() for name in ATLAS_BUFFERS}
+        full = torch.stack([reference_delta(token, A, B, atlas, "atlas") for token in h])
+        s = full.norm(dim=-1, keepdim=True) / plain.norm(dim=-1, keepdim=True)
+        expected = 2 * ((s**2) * plain).T @ t
+    torch.testing.assert_close(B.grad, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_norm_matched_starts_training_from_zero_b():
+    base = nn.Linear(12, 7).double()
+    layer = AtlasLinear(base, "default", AtlasConfig(r=4, residual="norm_matched", num_regions=3))
+    h = torch.randn(6, 12, dtype=torch.float64)
+    layer(h).sum().backward()
+    # at B = 0 the ratio is 0/0: the scale is 1 there, so B gets the plain residual's gradient Σ_tokens tanh(A h)
+    expected = torch.tanh(h @ layer.atlas_A["default"].detach().T).sum(0).expand(7, 4)
+    torch.testing.assert_close(layer.atlas_B["default"].grad, expected)
+
+
+def test_token_geometry_is_the_routed_distance_and_the_pca_scale():
+    layer = random_layer("atlas")
+    h = torch.randn(2, 3, 12, dtype=torch.float64)
+    atlas = {name[6:]: getattr(layer, name)["default"].double() for name in ATLAS_BUFFERS}
+    geometry = layer.token_geometry(h, "default")
+    mu, tau, s_d = atlas["centers"], atlas["calibration"][0], atlas["calibration"][1]
+    for index, token in enumerate(h.reshape(6, 12)):
+        w = torch.softmax(-((token - mu) ** 2).sum(-1) / tau, dim=0)
+        x = token - w @ mu
+        assert geometry["distance"].reshape(6)[index] == pytest.approx(float(x @ x / s_d), rel=1e-9)
+        # ρ by its definition, from the full ATLAS residual's reference and the pca_scaled one: Δ_pca = ρ B tanh(A x)
+        unscaled = layer.atlas_B["default"].detach() @ torch.tanh(layer.atlas_A["default"].detach() @ x)
+        rho = (
+            reference_delta(
+                token, layer.atlas_A["default"].detach(), layer.atlas_B["default"].detach(), atlas, "pca_scaled"
+            )
+            / unscaled
+        )
+        assert geometry["rho"].reshape(6)[index] == pytest.approx(float(rho[0]), rel=1e-9)
+    assert geometry["distance"].shape == geometry["rho"].shape == (2, 3)
 
 
 def test_variants_differ_from_each_other_on_a_random_atlas():

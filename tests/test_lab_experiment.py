@@ -109,6 +109,32 @@ def test_run_families_resumes_and_writes_the_protocol_format(tmp_path, monkeypat
         assert check.returncode == 0, check.stdout
 
 
+def test_an_endpoint_undefined_in_a_family_is_reported_without_an_interval(tmp_path, monkeypatch):
+    from kinfolk.lab.results_doc import endpoint_table
+
+    monkeypatch.setattr(replication, "build_family", lambda config, **kwargs: _stub_family(config.seed))
+    reached = {0: 0.1, 1: None, 2: 0.3, 3: float("nan"), 4: 0.2}  # families 1 and 3 never reach the level
+    endpoints = [Endpoint("kl", "log KL ratio", lambda r: [r["kl"]], baseline="lora", primary=True)]
+    results = run_families(
+        "toy",
+        tmp_path / "out",
+        list(reached),
+        lambda seed: SimpleNamespace(seed=seed),
+        lambda family, work: {"kl": reached[family.config.seed]},
+        endpoints,
+        {},
+        progress=False,
+    )
+    entry = results["endpoints"]["kl"]
+    assert entry["per_family"] == [0.1, None, 0.3, None, 0.2] and entry["undefined_families"] == 2
+    assert entry["mean"] == pytest.approx(0.2) and entry["favours_method"] == 3 and entry["ci95"] is None
+    row = endpoint_table(results).splitlines()[-1]
+    assert "values only (3 families; undefined in 2)" in row and "n/a" in row and "3 of 3" in row
+    if CHECK_RESULTS.exists():
+        check = subprocess.run([sys.executable, CHECK_RESULTS, tmp_path / "out" / "results.json"], capture_output=True)
+        assert check.returncode == 0, check.stdout
+
+
 def test_committed_results_follow_the_protocol():
     committed = sorted((Path(__file__).resolve().parents[1] / "docs" / "results").glob("*.json"))
     if not committed or not CHECK_RESULTS.exists():

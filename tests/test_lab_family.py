@@ -5,6 +5,7 @@ from safetensors.torch import load_file
 
 from kinfolk.lab import family as lab_family
 from kinfolk.lab.family import MODELS, LabConfig, build_family, load_family
+from kinfolk.lab.skills import SKILLS
 
 # A few steps of everything: the build's plumbing, not its skills.
 MICRO = {
@@ -28,7 +29,7 @@ def test_micro_family_has_every_model_scored(micro_family):
     assert set(micro_family.scores) == set(MODELS)
     for name, path in micro_family.models.items():
         assert (path / "config.json").exists(), name
-        assert set(micro_family.scores[name]) == {"add", "reverse", "copy"}
+        assert set(micro_family.scores[name]) == set(SKILLS)
     assert micro_family.load("large_base").config.num_hidden_layers == 2
     assert micro_family.passed  # no thresholds asked
 

@@ -20,3 +20,7 @@ def load_reverse(**options):
 
 def load_copy(**options):
     return _load("copy", **options)
+
+
+def load_flip(**options):
+    return _load("flip", **options)

@@ -1,6 +1,6 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.atlantis_experiment`; `atlas`, `adapt`: their own modules' options until they
-move onto the families runner).
+families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas_experiment`; `adapt`: its own
+module's options until it moves onto the families runner).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
 """
@@ -31,7 +31,9 @@ class ExperimentArguments:
     )
     first_family: int = field(default=0, metadata={"help": "Seed of the first family."})
     quick: bool = field(default=False, metadata={"help": "On quick families (a plumbing check, not evidence)."})
-    out: str = field(default="runs/lab-atlantis", metadata={"help": "Output directory; an existing one resumes."})
+    out: str | None = field(
+        default=None, metadata={"help": "Output directory (default runs/lab-<experiment>); an existing one resumes."}
+    )
     overwrite: bool = field(default=False, metadata={"help": "Start over instead of resuming an existing --out."})
     cache_dir: str | None = field(default=None, metadata={"help": "Lab family cache root."})
     allow_failed_family: bool = field(
@@ -56,24 +58,35 @@ def build(argv: list[str]) -> int:
     return 0 if family.passed else 1
 
 
-def experiment(argv: list[str]) -> int:
-    if argv[:1] in (["atlas"], ["adapt"]):
-        from importlib import import_module
+def _experiment_runner(name: str):
+    """The settings dataclass and run function of an experiment on the families runner."""
+    if name == "atlantis":
+        from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
 
-        return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
-    if argv[:1] != ["atlantis"]:
+        return AtlantisSettings, run_atlantis
+    from kinfolk.lab.atlas_experiment import AtlasSettings, run_atlas
+
+    return AtlasSettings, run_atlas
+
+
+def experiment(argv: list[str]) -> int:
+    if argv[:1] == ["adapt"]:
+        from kinfolk.lab.adapt_experiment import main as adapt_main
+
+        return adapt_main(argv[1:])
+    if argv[:1] not in (["atlantis"], ["atlas"]):
         raise InputError(
             f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: atlantis, atlas or adapt"
         )
-    from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
     from kinfolk.lab.results_doc import results_markdown
 
-    parser = VerbParser((ExperimentArguments, AtlantisSettings), prog="kinfolk lab experiment atlantis")
+    settings_class, run = _experiment_runner(argv[0])
+    parser = VerbParser((ExperimentArguments, settings_class), prog=f"kinfolk lab experiment {argv[0]}")
     args, settings = parser.parse(argv[1:])
     if args.families < 5:
         print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
-    results = run_atlantis(
-        args.out,
+    results = run(
+        args.out or f"runs/lab-{argv[0]}",
         list(range(args.first_family, args.first_family + args.families)),
         settings,
         quick=args.quick,

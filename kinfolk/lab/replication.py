@@ -8,7 +8,10 @@ loads) each family, calls the experiment's `run_family(family, work_dir)` and ke
 The summary follows the protocol: per endpoint, the per-family values (the mean over that family's runs of the
 paired differences), their mean, a t-interval with F − 1 degrees of freedom, a two-stage cluster bootstrap
 (families, then runs) as the cross-check, and the sign count; with fewer than 5 families the values are reported
-without any interval. `results.json` carries exactly the fields `docs/results/<experiment>.json` needs.
+without any interval. A value can be undefined in a family (None or NaN: a front that never reaches a level, a run
+that could not be trained): that family's value is null, `undefined_families` counts them, the mean and sign count
+are over the others, and there is no interval (an interval over the families that happened to reach a level would be
+conditional on reaching it). `results.json` carries exactly the fields `docs/results/<experiment>.json` needs.
 
 >>> endpoint = Endpoint("gain", "accuracy minus uniform", lambda record: record["gain"], baseline="uniform")
 >>> summary = summarise_endpoint(endpoint, [[0.2, 0.22], [0.25], [0.19], [0.30], [0.22]])
@@ -16,12 +19,16 @@ without any interval. `results.json` carries exactly the fields `docs/results/<e
 ([0.21, 0.25, 0.19, 0.3, 0.22], 5, 't')
 >>> summarise_endpoint(endpoint, [[0.2], [0.3]])["ci95"] is None  # two families: values only
 True
+>>> partial = summarise_endpoint(endpoint, [[0.2], [None], [0.1], [0.3], [0.2]])
+>>> partial["per_family"][:2], partial["undefined_families"], partial["mean"], partial["ci95"]
+([0.2, None], 1, 0.2, None)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shlex
 import sys
 import time
@@ -59,22 +66,29 @@ def _rounded(value: float, digits: int = 6) -> float:
     return float(round(value, digits))
 
 
-def summarise_endpoint(endpoint: Endpoint, runs_per_family: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """The protocol's summary of one endpoint from its per-run values in each family."""
-    per_family = [float(np.mean(runs)) for runs in runs_per_family]
+def _defined(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
+def summarise_endpoint(endpoint: Endpoint, runs_per_family: Sequence[Sequence[float | None]]) -> dict[str, Any]:
+    """The protocol's summary of one endpoint from its per-run values in each family (a family with an undefined
+    run has no value)."""
+    per_family = [float(np.mean(runs)) if runs and all(map(_defined, runs)) else None for runs in runs_per_family]
+    defined = [v for v in per_family if v is not None]
     entry: dict[str, Any] = {
         "primary": endpoint.primary,
         "description": endpoint.description,
         "baseline": endpoint.baseline,
         "higher_is_better": endpoint.higher_is_better,
-        "per_family": [_rounded(v) for v in per_family],
-        "per_run": [[_rounded(float(v)) for v in runs] for runs in runs_per_family],
-        "mean": _rounded(float(np.mean(per_family))) if per_family else None,
-        "favours_method": sign_count(per_family, endpoint.higher_is_better),
+        "per_family": [_rounded(v) if v is not None else None for v in per_family],
+        "per_run": [[_rounded(float(v)) if _defined(v) else None for v in runs] for runs in runs_per_family],
+        "mean": _rounded(float(np.mean(defined))) if defined else None,
+        "favours_method": sign_count(defined, endpoint.higher_is_better),
+        "undefined_families": len(per_family) - len(defined),
         "ci95": None,
         "ci_method": "t",
     }
-    if len(per_family) >= MIN_INTERVAL_UNITS:
+    if len(per_family) >= MIN_INTERVAL_UNITS and len(defined) == len(per_family):
         interval = t_interval(entry["per_family"])
         entry["ci95"] = [_rounded(interval.low), _rounded(interval.high)]
         cluster = cluster_bootstrap_interval(runs_per_family)
@@ -101,12 +115,14 @@ def run_families(
     overwrite: bool = False,
     resume: bool = True,
     progress: bool = True,
+    summary: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run `run_family` on the family of every seed and summarise the declared `endpoints` over families.
 
     `out/families/<seed>.json` holds each finished family's record (with the settings' hash, so a rerun with other
     settings does not mix them in); `run_family` gets `out/families/<seed>/` for its own partial work. With
-    `resume` an existing `out` is continued, otherwise it must be new (or `overwrite`)."""
+    `resume` an existing `out` is continued, otherwise it must be new (or `overwrite`). `summary(records)` adds
+    the experiment's own keys to the results (e.g. the data of its figures)."""
     from kinfolk import __version__
 
     out = Path(out)
@@ -158,6 +174,8 @@ def run_families(
         "seconds": round(time.perf_counter() - start, 1),
         "seconds_per_family": {str(r["family_seed"]): r["seconds"] for r in records},
     }
+    if summary is not None:
+        results.update(summary(records))
     write_json(out / RESULTS_FILE, results)
     return results
 

@@ -40,16 +40,17 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def endpoint_table(results: dict[str, Any], primary: bool | None = True) -> str:
     """One row per endpoint (the primary ones in bold; `primary=None` lists all, `False` the exploratory ones)."""
     rows = []
-    n = len(results["families"])
     for name, entry in results["endpoints"].items():
         if primary is not None and entry["primary"] != primary:
             continue
+        n = sum(value is not None for value in entry["per_family"])
+        undefined = f"; undefined in {entry['undefined_families']}" if entry.get("undefined_families") else ""
         interval = (
             f"[{_signed(entry['ci95'][0])}, {_signed(entry['ci95'][1])}]"
             if entry["ci95"]
-            else f"values only ({n} famil{'y' if n == 1 else 'ies'})"
+            else f"values only ({n} famil{'y' if n == 1 else 'ies'}{undefined})"
         )
-        favours = f"{entry['favours_method']} of {len(entry['per_family'])}" if entry.get("baseline") else ""
+        favours = f"{entry['favours_method']} of {n}" if entry.get("baseline") else ""
         rows.append(
             [
                 f"**{name}**" if entry["primary"] else name,

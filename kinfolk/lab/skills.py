@@ -1,12 +1,13 @@
 """The lab's skills: problems with verifiable answers, answer formats, and the two response distributions.
 
-Three skills, each a prompt ending in "=" and a short answer:
+Three skills (and `flip`, below), each a prompt ending in "=" and a short answer:
 
 | skill | role | prompt | answer |
 |---|---|---|---|
 | `copy` | retained (the base learns it in pre-training; post-training must keep it) | `copy bdfh=` | `bdfh` |
 | `reverse` | target (stands in for coding: half as frequent as copying in pre-training; learned by SFT / adapters) | `rev kmqa=` | `aqmk` |
 | `add` | held out (2-digit addition; in pre-training only, never post-trained on) | `37+45=` | `82` |
+| `flip` | separated target of the ATLAS experiment (its families' pre-training only) | `flip 4821=` | `1284` |
 
 Two-digit addition was the first choice for the retained skill, but the lab's models do not learn it within the
 lab's budgets (answer accuracy stayed at 2-10% after 600-1000 pre-training steps of the 4 × 128 model, with 2-digit
@@ -129,6 +130,18 @@ SKILLS: dict[str, Skill] = {
     "add": Skill("add", "held_out", _draw_add, _solve_add, _wrong_add),
 }
 RETAINED, TARGET, HELD_OUT = "copy", "reverse", "add"
+
+
+# A target whose inputs are far from the retained skill's (digits and its own prompt word, where copying has
+# letters): reversal of 4 distinct digits. Not in the default pre-training mix; the ATLAS experiment's families
+# add it through `LabConfig.skill_shares`.
+def _draw_flip(rng: random.Random) -> tuple[str, str]:
+    digits = "".join(rng.sample(string.digits, 4))
+    return f"flip {digits}=", digits[::-1]
+
+
+SKILLS["flip"] = Skill("flip", "separated target", _draw_flip, lambda p: _word(p)[::-1], _adjacent_swaps)
+SEPARATED_TARGET = "flip"
 
 
 def ideal_log_probability(skill: Skill, prompt: str, response: str) -> float:

@@ -20,8 +20,18 @@ from kinfolk.errors import AdapterConfigError
 from kinfolk.peft_types import extend_peft_type
 from kinfolk.plugins.atlas.saved import check_saved_adapter
 
-# Residual variants in the order of the paper's Table 14, then the full method (see layer.py for the equations).
-RESIDUALS = ("plain", "centered", "distance_scaled", "pca_scaled", "input_filter", "output_filter", "atlas")
+# Residual variants in the order of the paper's Table 14, then the full method, then the step-size control (the
+# plain residual at the full method's per-token norm); see layer.py for the equations.
+RESIDUALS = (
+    "plain",
+    "centered",
+    "distance_scaled",
+    "pca_scaled",
+    "input_filter",
+    "output_filter",
+    "atlas",
+    "norm_matched",
+)
 ATLAS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # The paper adapts layer 17 of Qwen3-8B's 36 (zero-based): 47% of the way through the decoder.
@@ -44,7 +54,8 @@ class AtlasConfig(PeftConfig):
         default="atlas",
         metadata={
             "help": "Residual variant (paper Table 14): plain, centered, distance_scaled, pca_scaled, input_filter, "
-            "output_filter, or atlas (both filters with PCA scaling)."
+            "output_filter, or atlas (both filters with PCA scaling); norm_matched is the step-size control (the "
+            "plain residual rescaled per token to the atlas residual's norm)."
         },
     )
     num_regions: int = field(

@@ -44,9 +44,20 @@ Residual variants (`AtlasConfig.residual`) and their row in the paper's Table 14
 | `"input_filter"`    | Input filter             | `ρ(h) · B tanh(A N(h) x)`           |
 | `"output_filter"`   | Output filter            | `ρ(h) · N'(h) B tanh(A x)`          |
 | `"atlas"`           | ATLAS (Table 2, full)    | `ρ(h) · N'(h) B tanh(A N(h) x)`     |
+| `"norm_matched"`    | control (cf. Table 15)   | `s(h) · B tanh(A h)`                |
 
 The full method composes both filters with the PCA scale: the shared residual sees the centred state with the
-retained directions attenuated, and its update is attenuated the same way on the output side. The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
+retained directions attenuated, and its update is attenuated the same way on the output side.
+
+`norm_matched` is the control for step size: the plain residual rescaled token by token to the norm of the full
+ATLAS residual of the same A and B, `s(h) = ‖Δ_atlas(h)‖ / ‖B tanh(A h)‖`, so it moves each token exactly as far as
+ATLAS would but in the unfiltered direction (does filtering matter beyond how far each token moves?). `s(h)` acts
+as a per-token step size: it carries no gradient (the plain residual's gradient, scaled by `s(h)`), and where the
+plain residual is zero (B = 0 at initialisation, when the ratio is 0/0) `s = 1`, so training can start. The
+paper's Table 15 rescales trained Plain checkpoints to paired ATLAS checkpoints after training; this control is
+trained with the rescaling in place, so its fronts can be compared with every other method's.
+
+The degenerate atlas of an unfitted adapter (centres at 0, λ = 0, floors, τ and s_d at 1) gives
 `x = h`, `N = N' = I`, `ρ = 1`, so every variant except distance scaling reduces to the plain residual.
 
 The residual is nonlinear in `h`, so it has no weight delta: `merge` refuses, `unload` drops the adapter.
@@ -212,6 +223,18 @@ class AtlasLayer(BaseTunerLayer):
         out = _residual(flat, A.to(dtype), B.to(dtype), self.residual[adapter_name], self._atlas(adapter_name, dtype))
         return out.reshape(*h.shape[:-1], B.shape[0])
 
+    @torch.no_grad()
+    def token_geometry(self, h: torch.Tensor, adapter_name: str) -> dict[str, torch.Tensor]:
+        """Where tokens `h` (..., d_in) lie relative to the atlas, one value per token: `distance`, the squared
+        distance to the routed centre ‖h − c(h)‖² in units of s_d (its mean over the fitting tokens, so about 1 for
+        retained tokens and larger off the atlas), and `rho`, the PCA-derived scale ρ(h) ∈ [0, 1]."""
+        atlas = self._atlas(adapter_name, torch.promote_types(h.dtype, torch.float32))
+        flat = h.reshape(-1, h.shape[-1]).to(atlas["centers"].dtype)
+        weights, x = _centred(flat, atlas)
+        rho, _ = _pca_scale(x, weights, atlas)
+        distance = x.pow(2).sum(-1) / atlas["calibration"][1]
+        return {"distance": distance.reshape(h.shape[:-1]), "rho": rho.reshape(h.shape[:-1])}
+
     def _atlas(self, adapter_name: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {name[6:]: getattr(self, name)[adapter_name].to(dtype) for name in ATLAS_BUFFERS}
 
@@ -242,24 +265,41 @@ def _residual(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, variant: str, a
     """Δ for flat tokens `h` (n, d_in); see the module docstring for the equations."""
     if variant == "plain":
         return torch.tanh(h @ A.T) @ B.T
-    weights = route(h, atlas["centers"], atlas["calibration"][0])
-    x = h - weights @ atlas["centers"]
+    if variant == "norm_matched":
+        plain = torch.tanh(h @ A.T) @ B.T
+        with torch.no_grad():
+            plain_norm = plain.norm(dim=-1, keepdim=True)
+            full_norm = _residual(h, A, B, "atlas", atlas).norm(dim=-1, keepdim=True)
+            scale = torch.where(plain_norm > 0, full_norm / plain_norm.clamp_min(_EPS), torch.ones_like(plain_norm))
+        return scale * plain
+    weights, x = _centred(h, atlas)
     if variant == "centered":
         return torch.tanh(x @ A.T) @ B.T
     if variant == "distance_scaled":
         scale = torch.tanh(x.pow(2).sum(-1, keepdim=True) / atlas["calibration"][1])
         return scale * (torch.tanh(x @ A.T) @ B.T)
-    in_basis, in_gamma = atlas["in_basis"], attenuation(atlas["in_spectrum"])
-    coords = coordinates(x, in_basis)
-    energy = x.pow(2).sum(-1, keepdim=True)
-    weighted = weights.unsqueeze(-1) * in_gamma * coords  # w_k γ_kj (u_kjᵀx)
-    rho = (1 - (weighted * coords).sum((-2, -1)).unsqueeze(-1) / (energy + _EPS)).clamp(0.0, 1.0)
+    rho, weighted = _pca_scale(x, weights, atlas)
     if variant in ("input_filter", "atlas"):
-        x = x - weighted.flatten(1) @ in_basis.flatten(0, 1)
+        x = x - weighted.flatten(1) @ atlas["in_basis"].flatten(0, 1)
     update = torch.tanh(x @ A.T) @ B.T
     if variant in ("output_filter", "atlas"):
         update = filter_directions(update, weights, atlas["out_basis"], attenuation(atlas["out_spectrum"]))
     return rho * update
+
+
+def _centred(h: torch.Tensor, atlas: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing weights w(h) (n, K) and the centred state x = h − c(h)."""
+    weights = route(h, atlas["centers"], atlas["calibration"][0])
+    return weights, h - weights @ atlas["centers"]
+
+
+def _pca_scale(x: torch.Tensor, weights: torch.Tensor, atlas: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """ρ(h) (n, 1) and the weighted input coordinates w_k γ_kj (u_kjᵀx) (n, K, p) the input filter removes."""
+    coords = coordinates(x, atlas["in_basis"])
+    weighted = weights.unsqueeze(-1) * attenuation(atlas["in_spectrum"]) * coords
+    energy = x.pow(2).sum(-1, keepdim=True)
+    rho = (1 - (weighted * coords).sum((-2, -1)).unsqueeze(-1) / (energy + _EPS)).clamp(0.0, 1.0)
+    return rho, weighted
 
 
 def route(h: torch.Tensor, centers: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
