@@ -1,0 +1,182 @@
+"""`kinfolk distil`: ADAPT's distillation from a teacher and a layer selection to a distilled student and its delta.
+
+One command for the three steps the ADAPT pipeline runs per teacher (the merges of `kinfolk merge` around the
+`LayerDistillationTrainer` of `kinfolk.trainers`), written under `--out`:
+
+    OUT/init-student/   `kinfolk merge init-student`: the teacher's layers of `--layers` (default: every other
+                        layer and the last, as the paper), embeddings, norm and head; the layer map beside it
+    OUT/training/       the trainer's checkpoints and logs (`--resume_from_checkpoint` continues from them)
+    OUT/distilled/      the distilled student: pre-training text first (every token's CE, KL and block cosine),
+                        then SFT data (response tokens only), `--pretraining_fraction` (0.5) of `--max_steps` on
+                        the first, one learning-rate schedule (ADAPT §3.2)
+    OUT/delta/          `kinfolk merge delta`: distilled − init, for `kinfolk merge apply-delta` on each variant
+
+Options are `LayerDistillationConfig`'s (every `trl sft` training flag and the loss weights) plus this verb's own,
+from flags or `--config distil.yaml`; unknown flags go to `accelerate launch`, which starts this module on every
+process, as `kinfolk sft` does. The merges run on the main process only:
+
+    kinfolk distil --teacher models/Qwen3-4B-Instruct --pretraining_data pile.jsonl --sft_data math.jsonl \\
+        --max_steps 2000 --per_device_train_batch_size 8 --out students/instruct [--num_processes 8]
+
+>>> args, training_args = make_parser().parse(["--teacher", "t", "--sft_data", "d.jsonl", "--out", "o", "--use_cpu"])
+>>> layer_selection(args.layers).to_dict(), training_args.pretraining_fraction
+({'every': 2, 'last': 1}, 0.5)
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kinfolk.atomic import check_destination
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.errors import InputError
+from kinfolk.plugins.adapt.layer_map import LayerMapError, LayerSelection
+from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
+
+PROG = "kinfolk distil"
+INIT, TRAINING, DISTILLED, DELTA = "init-student", "training", "distilled", "delta"
+
+
+@dataclass
+class DistilArguments:
+    teacher: str | None = field(default=None, metadata={"help": "Teacher model directory (required)."})
+    out: str | None = field(
+        default=None, metadata={"help": "Output directory: init-student/, training/, distilled/, delta/ (required)."}
+    )
+    layers: str = field(
+        default="{every: 2, last: 1}",
+        metadata={
+            "help": "Teacher layers the student keeps (YAML): {every: n, first: k, last: k} or {layers: [..]}; the "
+            "default drops every other layer but keeps the last, as ADAPT does."
+        },
+    )
+    pretraining_data: str | None = field(
+        default=None,
+        metadata={"help": "Pre-training rows (text, or prompt/completion trained on every token): phase 1."},
+    )
+    sft_data: str | None = field(
+        default=None, metadata={"help": "SFT rows (prompt/completion or messages; responses trained): phase 2."}
+    )
+    split: str = field(default="train", metadata={"help": "Split of Hub datasets."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
+
+    def __post_init__(self) -> None:
+        if not self.teacher or not self.out:
+            raise InputError("--teacher and --out are required")
+        if not (self.pretraining_data or self.sft_data):
+            raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
+
+
+def layer_selection(layers: str | dict) -> LayerSelection:
+    """`--layers` as a `LayerSelection` (a YAML mapping on the command line, a mapping in `--config`)."""
+    values = yaml.safe_load(layers) if isinstance(layers, str) else layers
+    if not isinstance(values, dict):
+        raise LayerMapError(f"--layers expects a mapping such as '{{every: 2, last: 1}}', got {layers!r}")
+    return LayerSelection.from_dict(values)
+
+
+def make_parser() -> VerbParser:
+    return VerbParser((DistilArguments, LayerDistillationConfig), prog=PROG, description=__doc__.split("\n\n")[0])
+
+
+def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretraining=None, sft=None) -> Path:
+    """init-student → two-phase distillation → delta under `args.out`, on every process of a launch (the merges
+    and the final rename on the main one). `pretraining` / `sft` datasets replace `--pretraining_data` /
+    `--sft_data` (the lab passes its own); returns the distilled student's directory."""
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from kinfolk.data import load_data
+    from kinfolk.plugins.adapt import DeltaConfig, InitStudentConfig, merge
+    from kinfolk.trainers import LayerDistillationTrainer
+
+    state = PartialState()
+    out = Path(args.out)
+    init, distilled = out / INIT, out / DISTILLED
+    if state.is_main_process and not (init / "config.json").exists():
+        config = InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers))
+        merge(config, init, overwrite=True, progress=False)
+    state.wait_for_everyone()
+
+    if pretraining is None and args.pretraining_data:
+        pretraining = load_data(args.pretraining_data, args.split)
+    if sft is None and args.sft_data:
+        sft = load_data(args.sft_data, args.split)
+    if sft is None:  # one phase of pre-training text: trained as the first phase is, on every token
+        sft, pretraining = pretraining, None
+        training_args.completion_only_loss = False
+    training_args.output_dir = str(out / TRAINING)
+    trainer = LayerDistillationTrainer(
+        model=str(init),
+        teacher_model=args.teacher,
+        args=training_args,
+        train_dataset=sft,
+        pretraining_dataset=pretraining,
+        processing_class=AutoTokenizer.from_pretrained(init),
+    )
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and not Path(resume).is_dir():  # e.g. "true": the last checkpoint of this --out
+        resume = get_last_checkpoint(training_args.output_dir)
+    trainer.train(resume_from_checkpoint=resume)
+    staging = out / f".{DISTILLED}.partial"
+    trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
+    state.wait_for_everyone()
+    if state.is_main_process:
+        if distilled.exists():
+            shutil.rmtree(distilled)
+        staging.rename(distilled)
+        merge(DeltaConfig(init=str(init), distilled=str(distilled)), out / DELTA, overwrite=True, progress=False)
+    state.wait_for_everyone()
+    trainer.end()
+    return distilled
+
+
+def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """Refuse an existing `--out` unless `--overwrite` (which clears it) or `--resume_from_checkpoint`."""
+    out = Path(args.out)
+    if training_args.resume_from_checkpoint is None:
+        check_destination(out, args.overwrite)
+        if out.exists():
+            shutil.rmtree(out)
+    layer_selection(args.layers)  # a bad selection is refused before any process starts
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
+    import subprocess
+
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    prepare_out(args, training_args)
+    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
+    script_args = _subtract_subsequence(argv, cli_remaining)
+    try:
+        launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
+    except subprocess.CalledProcessError as failed:
+        return failed.returncode
+    print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
+    return 0
+
+
+def launched(argv: list[str]) -> int:
+    """What `accelerate launch` runs on each process (its own flags already taken out)."""
+    distil(*make_parser().parse_args_and_config(argv, fail_with_unknown_args=False))
+    return 0
+
+
+if __name__ == "__main__":
+    from kinfolk.commands import run
+
+    sys.exit(run(PROG, lambda: launched(sys.argv[1:])))
