@@ -30,7 +30,7 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 def test_distil_is_init_student_then_the_trainer_then_the_delta(tiny_kit, tmp_path):
     teacher = tiny_kit.model_dir("llama", "large")
     pretraining, sft = text_dataset(8, seed=1), prompt_completion_dataset(8)
-    args = DistilArguments(teacher=str(teacher), out=str(tmp_path / "out"), sft_data="unused")
+    args = DistilArguments(teacher=str(teacher), out=str(tmp_path / "out"))
     distilled = distil(args, LayerDistillationConfig(output_dir="ignored", **TRAINING), pretraining, sft)
 
     out = tmp_path / "out"

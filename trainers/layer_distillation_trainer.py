@@ -53,13 +53,13 @@ from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 
-class _LayerOutputs:
+class LayerOutputs:
     """Records, during one forward pass, the outputs of chosen decoder layers and the final-norm output.
 
     A layer's output is read as the input of what comes next (the next layer, or the final norm for the last
     layer) through pre-hooks: those run outside gradient checkpointing's recomputed region, so the recorded
     tensors carry gradients whatever checkpointing mode is used. Only the first forward pass in a `record()`
-    block is kept.
+    block is kept. `remove()` takes the hooks off again (for a model that is measured, then used on).
     """
 
     def __init__(self, model: nn.Module, layers: list[int]):
@@ -68,10 +68,15 @@ class _LayerOutputs:
         modules = decoder_layers(base)
         final_norm = base.get_submodule(layout.final_norm)
         self.outputs: dict[Any, torch.Tensor] | None = None
+        self._handles = []
         for layer in layers:
             following = modules[layer + 1] if layer + 1 < len(modules) else final_norm
-            following.register_forward_pre_hook(self._keep_input(layer), with_kwargs=True)
-        final_norm.register_forward_hook(self._keep_output("final"))
+            self._handles.append(following.register_forward_pre_hook(self._keep_input(layer), with_kwargs=True))
+        self._handles.append(final_norm.register_forward_hook(self._keep_output("final")))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
     def _keep(self, key: Any, tensor: torch.Tensor) -> None:
         if self.outputs is not None and key not in self.outputs:
@@ -214,8 +219,8 @@ class LayerDistillationTrainer(SFTTrainer):
         self._check_pair(base_model(self.model), teacher_model)
         student_layers = self.layer_map.num_student_layers
         self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
-        self._student_outputs = _LayerOutputs(self.model, list(range(student_layers)))
-        self._teacher_outputs = _LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
+        self._student_outputs = LayerOutputs(self.model, list(range(student_layers)))
+        self._teacher_outputs = LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
         if self.is_deepspeed_enabled:
             self.teacher_model = prepare_deepspeed(teacher_model, self.accelerator)
         else:

@@ -68,8 +68,6 @@ class DistilArguments:
     def __post_init__(self) -> None:
         if not self.teacher or not self.out:
             raise InputError("--teacher and --out are required")
-        if not (self.pretraining_data or self.sft_data):
-            raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
 
 
 def layer_selection(layers: str | dict) -> LayerSelection:
@@ -84,18 +82,28 @@ def make_parser() -> VerbParser:
     return VerbParser((DistilArguments, LayerDistillationConfig), prog=PROG, description=__doc__.split("\n\n")[0])
 
 
+def load_phases(args: DistilArguments):
+    """(pre-training, SFT) datasets of `--pretraining_data` and `--sft_data` (None where not given)."""
+    from kinfolk.data import load_data
+
+    if not (args.pretraining_data or args.sft_data):
+        raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
+    return tuple(load_data(path, args.split) if path else None for path in (args.pretraining_data, args.sft_data))
+
+
 def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretraining=None, sft=None) -> Path:
-    """init-student → two-phase distillation → delta under `args.out`, on every process of a launch (the merges
-    and the final rename on the main one). `pretraining` / `sft` datasets replace `--pretraining_data` /
-    `--sft_data` (the lab passes its own); returns the distilled student's directory."""
+    """init-student → distillation on `pretraining` then `sft` (datasets; either may be None for one phase) →
+    delta, under `args.out`, on every process of a launch (the merges and the final rename on the main one);
+    returns the distilled student's directory. The command reads the datasets with `load_phases`."""
     from accelerate import PartialState
     from transformers import AutoTokenizer
     from transformers.trainer_utils import get_last_checkpoint
 
-    from kinfolk.data import load_data
     from kinfolk.plugins.adapt import DeltaConfig, InitStudentConfig, merge
     from kinfolk.trainers import LayerDistillationTrainer
 
+    if pretraining is None and sft is None:
+        raise InputError("distil needs pre-training or SFT data (or both)")
     state = PartialState()
     out = Path(args.out)
     init, distilled = out / INIT, out / DISTILLED
@@ -104,10 +112,6 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
         merge(config, init, overwrite=True, progress=False)
     state.wait_for_everyone()
 
-    if pretraining is None and args.pretraining_data:
-        pretraining = load_data(args.pretraining_data, args.split)
-    if sft is None and args.sft_data:
-        sft = load_data(args.sft_data, args.split)
     if sft is None:  # one phase of pre-training text: trained as the first phase is, on every token
         sft, pretraining = pretraining, None
         training_args.completion_only_loss = False
@@ -139,12 +143,14 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
 
 def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
     """Refuse an existing `--out` unless `--overwrite` (which clears it) or `--resume_from_checkpoint`."""
+    if not (args.pretraining_data or args.sft_data):
+        raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
+    layer_selection(args.layers)  # a bad selection is refused before any process starts, and before --overwrite
     out = Path(args.out)
     if training_args.resume_from_checkpoint is None:
         check_destination(out, args.overwrite)
         if out.exists():
             shutil.rmtree(out)
-    layer_selection(args.layers)  # a bad selection is refused before any process starts
     return out
 
 
@@ -172,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def launched(argv: list[str]) -> int:
     """What `accelerate launch` runs on each process (its own flags already taken out)."""
-    distil(*make_parser().parse_args_and_config(argv, fail_with_unknown_args=False))
+    args, training_args = make_parser().parse_args_and_config(argv, fail_with_unknown_args=False)
+    distil(args, training_args, *load_phases(args))
     return 0
 
 
