@@ -1,6 +1,6 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.atlantis_experiment`; `atlas`, `adapt`: their own modules' options until they
-move onto the families runner).
+families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `adapt`: `kinfolk.lab.adapt_experiment`, each with its
+settings dataclass's options; `atlas`: its own module's options until it moves onto the families runner).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
 """
@@ -31,7 +31,9 @@ class ExperimentArguments:
     )
     first_family: int = field(default=0, metadata={"help": "Seed of the first family."})
     quick: bool = field(default=False, metadata={"help": "On quick families (a plumbing check, not evidence)."})
-    out: str = field(default="runs/lab-atlantis", metadata={"help": "Output directory; an existing one resumes."})
+    out: str | None = field(
+        default=None, metadata={"help": "Output directory (default runs/lab-<experiment>); an existing one resumes."}
+    )
     overwrite: bool = field(default=False, metadata={"help": "Start over instead of resuming an existing --out."})
     cache_dir: str | None = field(default=None, metadata={"help": "Lab family cache root."})
     allow_failed_family: bool = field(
@@ -56,22 +58,32 @@ def build(argv: list[str]) -> int:
     return 0 if family.passed else 1
 
 
-def experiment(argv: list[str]) -> int:
-    if argv[:1] in (["atlas"], ["adapt"]):
-        from importlib import import_module
+# experiment -> (module, its settings dataclass, its runner): the experiments on the families runner
+EXPERIMENTS = {
+    "atlantis": ("kinfolk.lab.atlantis_experiment", "AtlantisSettings", "run_atlantis"),
+    "adapt": ("kinfolk.lab.adapt_experiment", "AdaptSettings", "run_adapt"),
+}
 
-        return import_module(f"kinfolk.lab.{argv[0]}_experiment").main(argv[1:])
-    if argv[:1] != ["atlantis"]:
-        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose atlantis, atlas or adapt")
-    from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
+
+def experiment(argv: list[str]) -> int:
+    from importlib import import_module
+
+    if argv[:1] == ["atlas"]:
+        return import_module("kinfolk.lab.atlas_experiment").main(argv[1:])
+    if not argv or argv[0] not in EXPERIMENTS:
+        choices = ", ".join([*EXPERIMENTS, "atlas"])
+        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose {choices}")
     from kinfolk.lab.results_doc import results_markdown
 
-    parser = VerbParser((ExperimentArguments, AtlantisSettings), prog="kinfolk lab experiment atlantis")
+    name = argv[0]
+    module_name, settings_class, runner = EXPERIMENTS[name]
+    module = import_module(module_name)
+    parser = VerbParser((ExperimentArguments, getattr(module, settings_class)), prog=f"kinfolk lab experiment {name}")
     args, settings = parser.parse(argv[1:])
     if args.families < 5:
         print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
-    results = run_atlantis(
-        args.out,
+    results = getattr(module, runner)(
+        args.out or f"runs/lab-{name}",
         list(range(args.first_family, args.first_family + args.families)),
         settings,
         quick=args.quick,
