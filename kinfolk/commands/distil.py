@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from kinfolk.atomic import check_destination
+from kinfolk.commands.launching import launch
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import InputError
 from kinfolk.plugins.adapt.layer_map import LayerMapError, LayerSelection
@@ -156,24 +157,13 @@ def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -
 
 def main(argv: list[str] | None = None) -> int:
     """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
-    import subprocess
-
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from trl.cli.accelerate_config import resolve_accelerate_config_argument
-    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = make_parser()
-    (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
     prepare_out(args, training_args)
-    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
-    script_args = _subtract_subsequence(argv, cli_remaining)
-    try:
-        launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
-    except subprocess.CalledProcessError as failed:
-        return failed.returncode
-    print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
-    return 0
+    code = launch(__name__, argv, config_remaining, cli_remaining)
+    if code == 0:
+        print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
+    return code
 
 
 def launched(argv: list[str]) -> int:

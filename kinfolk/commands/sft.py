@@ -32,6 +32,7 @@ from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
+from kinfolk.commands.launching import launch
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits
 from kinfolk.errors import InputError
@@ -133,23 +134,10 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module; a
-    launched process's exit code (2 for bad input it found) is the verb's."""
-    import subprocess
-
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from trl.cli.accelerate_config import resolve_accelerate_config_argument
-    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
-
+    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
-    script_args = _subtract_subsequence(argv, cli_remaining)
-    try:
-        launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
-    except subprocess.CalledProcessError as failed:
-        return failed.returncode
-    return 0
+    return launch(__name__, argv, config_remaining, cli_remaining)
 
 
 def launched(argv: list[str]) -> int:

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 
-from kinfolk.atomic import fingerprint
+from kinfolk.atomic import atomic_file, fingerprint
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.family import BRACKET_FORMAT, Family, LabConfig
@@ -478,8 +478,8 @@ class AdaptFamily:
                     ]
             routing_dir = self.work / "routing" / f"{method}-{variant}-{steps}"
             outcomes_file = routing_dir.with_suffix(".outcomes.jsonl")
-            outcomes_file.parent.mkdir(parents=True, exist_ok=True)
-            outcomes_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            with atomic_file(outcomes_file) as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
             args = RouteArguments(outcomes=str(outcomes_file), out=str(routing_dir), overwrite=True,
                                   models_dir=str(directory), thresholds=[round(t, 2) for t in np.linspace(0, 1, 51)],
                                   policies=list(ROUTING_POLICIES))  # fmt: skip
