@@ -20,15 +20,15 @@ is an error: the two runs did not see the same data.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kinfolk.errors import InputError
+from kinfolk.errors import EmptyDatasetError, InputError
+from kinfolk.inputs import read_json_lines
 from kinfolk.stats import bootstrap_interval
 
 KINDS = ("C", "F", "G", "W")
@@ -49,9 +49,12 @@ class Outcome:
 
 
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
-    """Records of an lm-eval samples file (JSON lines)."""
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """Records of an lm-eval samples file (JSON lines); a missing or empty file, or a line that is not a JSON
+    object, is refused naming the file (and the line)."""
+    records = read_json_lines(path, "samples file", entry="a samples record (a JSON object)")
+    if not records:
+        raise EmptyDatasetError(f"{path} holds no sample records", path=path)
+    return records
 
 
 def _answer(record: dict[str, Any]) -> Hashable:
@@ -79,6 +82,14 @@ def outcomes(
     elif filter_name not in filters:
         raise InputError(f"filter {filter_name!r} not in the samples; they carry {filters}")
     chosen = [record for record in records if record.get("filter", "none") == filter_name]
+    for record in chosen:
+        absent = [key for key in ("doc_id", "filtered_resps") if key not in record]
+        if absent:
+            raise InputError(
+                f"a sample record has no {absent}: not an lm-eval --log_samples record ({sorted(record)})"
+            )
+    if metric is None and not chosen[0].get("metrics"):
+        raise InputError(f"doc_id {chosen[0]['doc_id']} lists no 'metrics'; choose one (metric / --metric)")
     metric = metric or chosen[0]["metrics"][0]
     hashes = [record.get("doc_hash") for record in chosen]
     unique_hashes = None not in hashes and len(set(hashes)) == len(hashes)
@@ -89,20 +100,28 @@ def outcomes(
                 f"doc_id {record['doc_id']} has no metric {metric!r}; it has {record.get('metrics')}"
             )
         key = record["doc_hash"] if unique_hashes else (record["doc_id"], record.get("doc_hash"))
-        result[key] = Outcome(_answer(record), float(record[metric]) >= 0.5)
+        try:
+            value = float(record[metric])
+        except (TypeError, ValueError):
+            raise InputError(
+                f"doc_id {record['doc_id']}: metric {metric!r} is {record[metric]!r}, not a number"
+            ) from None
+        result[key] = Outcome(_answer(record), value >= 0.5)
     return result
 
 
-def align(*runs: Mapping[Hashable, Outcome]) -> list[Hashable]:
-    """The questions every run answered, in the first run's order; raise when the runs' questions differ."""
+def align(*runs: Mapping[Hashable, Outcome], names: Sequence[str] | None = None) -> list[Hashable]:
+    """The questions every run answered, in the first run's order; raise when the runs' questions differ (naming
+    the runs by `names`, e.g. their files, else by position)."""
+    names = list(names) if names is not None else [f"run {position}" for position in range(len(runs))]
     keys = list(runs[0])
     for position, run in enumerate(runs[1:], start=1):
         missing, extra = set(keys) - set(run), set(run) - set(keys)
         if missing or extra:
             example = next(iter(missing or extra))
             raise InputError(
-                f"run {position} does not cover the same questions as run 0 ({len(missing)} missing, {len(extra)} "
-                f"extra; e.g. {example!r}): compare sample logs of the same task, data and limit"
+                f"{names[position]} does not cover the same questions as {names[0]} ({len(missing)} missing, "
+                f"{len(extra)} extra; e.g. {example!r}): compare sample logs of the same task, data and limit"
             )
     return keys
 

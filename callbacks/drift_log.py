@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kinfolk.inputs import read_json_lines
+
 DRIFT_FILE = "drift.jsonl"
 
 
@@ -39,24 +41,19 @@ def append_row(run_dir: str | Path, row: dict[str, Any]) -> Path:
 
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = drift_path(run_dir)
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number} is not a JSON object: {error}") from None
-    return rows
+    """The rows of a run's drift log; a missing file, or a line that is not a JSON object with an integer `step`,
+    is refused naming the file and line."""
+    return read_json_lines(
+        drift_path(run_dir),
+        f"drift log (a run directory holds {DRIFT_FILE})",
+        lambda row: isinstance(row, dict) and type(row.get("step")) is int,  # bool is not a step
+        "a drift row (an object with an integer 'step')",
+    )
 
 
 def steps(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Rows merged per step, later values overriding earlier ones."""
     merged: dict[int, dict[str, Any]] = {}
     for row in rows:
-        if "step" not in row:
-            raise ValueError(f"a drift row has no step: {row}")
-        merged.setdefault(int(row["step"]), {}).update(row)
+        merged.setdefault(row["step"], {}).update(row)
     return dict(sorted(merged.items()))

@@ -96,8 +96,9 @@ def set_limits(limits, as_root):
     both(resource.RLIMIT_FSIZE, limits["file_bytes"])
     both(resource.RLIMIT_NOFILE, limits["open_files"])
     both(resource.RLIMIT_CORE, 0)
-    # The kernel counts every process of the real uid, so leave room for the ones it already has.
-    baseline = 0 if as_root else user_process_count(os.getuid())
+    # The kernel counts every process of the real uid, so leave room for the ones it already has: as root that uid
+    # becomes nobody's, which other sandboxes (still being reaped) and system services may share.
+    baseline = user_process_count(NOBODY if as_root else os.getuid())
     both(resource.RLIMIT_NPROC, baseline + limits["processes"])
 
 

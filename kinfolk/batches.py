@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
+from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.logprobs import pad_right
 from kinfolk.tokens import sft_tokenize
 
@@ -37,6 +38,8 @@ def retained_batches(
     """
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if len(dataset) == 0:  # before tokenising: TRL stops on a bare StopIteration reading the first row
+        raise EmptyDatasetError(f"the retained dataset has no rows (columns {sorted(dataset.column_names)})")
     if "input_ids" not in dataset.column_names:
         if tokenizer is None:
             raise ValueError(
@@ -44,21 +47,19 @@ def retained_batches(
             )
         dataset = sft_tokenize(dataset, tokenizer, sft_args)
     if positions == "response" and "labels" not in dataset.column_names:
-        raise ValueError(
+        raise DatasetFormatError(
             "positions='response' needs `labels` (-100 outside the response) in a pre-tokenised retained dataset; "
             "pass positions='all' or an SFT-format dataset"
         )
-    if len(dataset) == 0:
-        raise ValueError("the retained dataset is empty")
     rows = []
     all_labels = dataset["labels"] if positions == "response" else dataset["input_ids"]
     for index, (ids, labels) in enumerate(zip(dataset["input_ids"], all_labels)):
         if len(labels) != len(ids):
-            raise ValueError(f"retained row {index}: {len(ids)} input_ids but {len(labels)} labels")
+            raise DatasetFormatError(f"retained row {index}: {len(ids)} input_ids but {len(labels)} labels")
         rows.append((list(ids[:max_length]), list(labels[:max_length])))
     empty = [index for index, (ids, _) in enumerate(rows) if not ids]
     if empty:
-        raise ValueError(f"retained dataset rows {empty[:10]} have no tokens")
+        raise DatasetFormatError(f"retained dataset rows {empty[:10]} have no tokens")
     rows.sort(key=lambda row: -len(row[0]))
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = 0 if pad_id is None else pad_id

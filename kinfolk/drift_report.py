@@ -56,7 +56,9 @@ def load_run(method: str, seed: str, path: str | Path, target: str, kl: str = "r
     """Checkpoints of a run directory (or drift.jsonl file) that carry both the target and the KL."""
     merged = steps(read_rows(path))
     checkpoints = [
-        (step, float(row[target]), float(row[kl])) for step, row in merged.items() if target in row and kl in row
+        (step, _number(row, target, path, step), _number(row, kl, path, step))
+        for step, row in merged.items()
+        if target in row and kl in row
     ]
     if not checkpoints:
         found = sorted({key for row in merged.values() for key in row if key.startswith(("lm_eval/", kl))})
@@ -64,6 +66,13 @@ def load_run(method: str, seed: str, path: str | Path, target: str, kl: str = "r
             f"run {method}/{seed} ({path}) has no step with both {target!r} and {kl!r}; its rows carry {found}"
         )
     return Run(method, str(seed), str(path), checkpoints)
+
+
+def _number(row: dict[str, Any], key: str, path: str | Path, step: int) -> float:
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{path}: step {step} has {key}={value!r}, not a finite number")
+    return float(value)
 
 
 def shared_requirements(runs: Sequence[Run]) -> list[float]:
@@ -84,12 +93,16 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
 
 def parse_requirements(text: str) -> list[float]:
     """ "148:160" (inclusive integer range) or "0.4,0.45,0.5"."""
+    try:
+        parts = [float(part) for part in text.split(":" if ":" in text else ",")]
+    except ValueError:
+        raise InputError(f"--requirements takes low:high or a list of scores such as 0.4,0.5; got {text!r}") from None
     if ":" in text:
-        start, end = (float(part) for part in text.split(":", 1))
+        start, end = parts if len(parts) == 2 else (math.nan, math.nan)
         if not (start.is_integer() and end.is_integer()) or end < start:
             raise InputError(f"a range needs integers low:high, got {text!r}")
         return [float(k) for k in range(int(start), int(end) + 1)]
-    return sorted(float(part) for part in text.split(","))
+    return sorted(parts)
 
 
 def target_matched(
@@ -109,9 +122,14 @@ def target_matched(
     requirements = [k for k in requirements if k not in unreached]
     if not requirements:
         raise InputError(f"no requirement is reached by every run (unreached: {unreached})")
-    by_key = {(run.method, run.seed): run for run in runs}
-    if len(by_key) != len(runs):
-        raise InputError("two runs share a method and seed")
+    by_key = {}
+    for run in runs:
+        if (run.method, run.seed) in by_key:
+            raise InputError(
+                f"two runs share method {run.method!r} and seed {run.seed!r}: {by_key[run.method, run.seed].path} "
+                f"and {run.path}"
+            )
+        by_key[run.method, run.seed] = run
     best = {key: [run.best_kl(k) for k in requirements] for key, run in by_key.items()}
     mean_kl = {key: float(np.mean(values)) for key, values in best.items()}
     for key, value in mean_kl.items():

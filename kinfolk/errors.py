@@ -1,23 +1,131 @@
 """`InputError`: the one base class for bad input — a file, row, tensor or field the user gave that cannot be used.
 
-Every component raises a subclass (`DatasetFormatError`, `MergeConfigError`, `OutputExistsError`, ...) with a message
-that names the culprit. The command line (`kinfolk.commands`) prints such an error as one line and exits 2, with no
-traceback; any other exception is a runtime failure (exit 1). Python callers catch `InputError` (or `ValueError`,
-which it extends) to tell the two apart.
+Every error kinfolk raises for bad input is defined here as a subclass, with a message on one line that names the
+culprit (the file, row, tensor or config field). The command line (`kinfolk.commands`) prints such an error as one
+line and exits 2, with no traceback; any other exception is a runtime failure (exit 1) or a bug. Python callers
+catch `InputError` (or `ValueError`, which it extends) to tell the two apart. The types that are also about a path
+derive from the matching `OSError` too (`FileNotFoundError`, `FileExistsError`, `PermissionError`), so code that
+catches those keeps working. The modules that raise them re-export them where they were first defined
+(`kinfolk.tokens.DatasetFormatError`, `kinfolk.plugins.adapt.CheckpointError`, ...).
 
 >>> try:
 ...     raise InputError("train.jsonl: row 3 has no 'completion'")
 ... except ValueError as error:
 ...     print(error)
 train.jsonl: row 3 has no 'completion'
+>>> error = CorruptFileError("adapter_model.safetensors is truncated", path="out/adapter_model.safetensors")
+>>> error.path
+'out/adapter_model.safetensors'
+>>> issubclass(OutputExistsError, FileExistsError) and issubclass(OutputExistsError, InputError)
+True
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class InputError(ValueError):
-    """Bad input (a file, row, tensor or config field) whose message names the culprit."""
+    """Bad input from the user: a file, dataset, model, config field or option kinfolk cannot use as given.
+
+    `path` is the offending file or directory when there is one (the message names it either way).
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+
+
+# --- files and outputs -------------------------------------------------------------------------------------------
 
 
 class MissingInputError(InputError, FileNotFoundError):
-    """A file or folder the user named does not exist."""
+    """An input file or directory that does not exist (or lacks a file it must hold)."""
+
+
+class CorruptFileError(InputError):
+    """An input file that exists but cannot be read: a truncated safetensors file, broken JSON, a damaged archive."""
+
+
+class OutputExistsError(InputError, FileExistsError):
+    """The destination exists and the caller did not ask to overwrite it."""
+
+
+class OutputNotWritableError(InputError, PermissionError):
+    """The destination cannot be created: its parent is a file, read-only, or not permitted."""
+
+
+# --- datasets ----------------------------------------------------------------------------------------------------
+
+
+class DatasetFormatError(InputError):
+    """The dataset does not have the columns or contents an SFT dataset needs."""
+
+
+class EmptyDatasetError(DatasetFormatError):
+    """A dataset with no rows (or none left to use) where rows are needed."""
+
+
+class WeightColumnError(DatasetFormatError):
+    """The weight column of a weighted SFT dataset is missing, non-numeric, negative, non-finite or all zero."""
+
+
+class ScoringError(InputError):
+    """A row cannot be scored (overlong, nothing to score, non-finite result); the message names row and model."""
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+
+
+class ModelInputError(InputError):
+    """A model argument that cannot serve: no such directory, no loadable config, no weights, no tokenizer."""
+
+
+class UnsupportedArchitectureError(InputError):
+    """The model's architecture is not one kinfolk knows the layout of."""
+
+
+# --- ADAPT merges --------------------------------------------------------------------------------------------------
+
+
+class CheckpointError(InputError):
+    """An input directory that is not the kind of checkpoint the operation needs."""
+
+
+class TensorMismatchError(InputError):
+    """Two inputs whose tensors do not line up; `kind` is missing, extra, shape or dtype and `tensor` the name."""
+
+    def __init__(self, message: str, kind: str = "", tensor: str = ""):
+        super().__init__(message)
+        self.kind, self.tensor = kind, tensor
+
+
+class LayerMapError(InputError):
+    """A layer-selection rule or a layer map that does not describe a partition of the teacher's layers."""
+
+
+class LayerMapMismatchError(InputError):
+    """Inputs built on different layer maps (e.g. a delta from another layer selection)."""
+
+
+class TeacherMismatchError(InputError):
+    """A teacher whose fingerprint differs from the one recorded when the student was initialised from it."""
+
+
+class MergeError(InputError):
+    """A tensor the plan cannot compute (e.g. an integer tensor in a weighted sum)."""
+
+
+# --- ATLAS adapters ----------------------------------------------------------------------------------------------
+
+
+class AdapterConfigError(InputError):
+    """An ATLAS config that does not fit the module it adapts (e.g. a rank above the module's width)."""
+
+
+class AdapterConfigMismatchError(InputError):
+    """A saved adapter whose tensors disagree with its own adapter_config.json (a field edited after saving)."""
+
+
+class AdapterBaseMismatchError(InputError):
+    """A saved adapter loaded onto a base model it was not made for (modules of other widths)."""

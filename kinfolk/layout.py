@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from torch import nn
 from transformers import PretrainedConfig
 
-from kinfolk.errors import InputError
+from kinfolk.errors import UnsupportedArchitectureError
 
 # model_type -> names shared by the Llama-style decoders kinfolk supports.
 _LLAMA_STYLE = {
@@ -46,10 +46,6 @@ SUPPORTED_MODEL_TYPES = {
         "olmo3",
     )
 }
-
-
-class UnsupportedArchitectureError(InputError):
-    """The model's architecture is not one kinfolk knows the layout of."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 `TensorReader` opens a model directory (one `model.safetensors` or shards listed in
 `model.safetensors.index.json`) and hands out tensors by name without loading the rest.
+A file that is not readable safetensors (truncated, or not safetensors at all) raises
+`kinfolk.errors.CorruptFileError` naming it, instead of the library's bare "incomplete metadata".
 `ShardedWriter` collects tensors into shards of at most `max_shard_bytes` and writes the index transformers
 reads; pair it with `kinfolk.atomic.atomic_directory` so the directory appears only when complete.
 
@@ -16,16 +18,50 @@ reads; pair it with `kinfolk.atomic.atomic_directory` so the directory appears o
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from kinfolk.errors import CorruptFileError, MissingInputError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+@contextlib.contextmanager
+def open_safetensors(path: str | Path) -> Iterator[Any]:
+    """`safetensors.safe_open(path)` whose failures to parse name the file (`CorruptFileError`)."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except SafetensorError as error:
+        size = Path(path).stat().st_size if Path(path).exists() else 0
+        raise CorruptFileError(
+            f"{path} is not a readable safetensors file ({error}; {size} bytes): it is probably truncated by an "
+            "interrupted copy or download; copy or save it again",
+            path=path,
+        ) from None
+    except FileNotFoundError:
+        raise MissingInputError(f"{path} does not exist", path=path) from None
+    with handle:
+        yield handle
+
+
+def read_index(path: str | Path) -> dict[str, str]:
+    """The `weight_map` (tensor name -> shard file) of a `model.safetensors.index.json`, refusing a broken one."""
+    try:
+        weight_map = json.loads(Path(path).read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+        reason = "has no 'weight_map'" if isinstance(error, (KeyError, TypeError)) else f"is not valid JSON ({error})"
+        raise CorruptFileError(f"the shard index {path} {reason}", path=path) from None
+    if not isinstance(weight_map, dict):
+        raise CorruptFileError(f"the shard index {path}: 'weight_map' is not a mapping", path=path)
+    return dict(weight_map)
 
 
 class TensorReader:
@@ -38,18 +74,24 @@ class TensorReader:
             self._file_of = None
         elif (path / INDEX_FILE).exists():
             self.directory = path
-            weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-            self._file_of = dict(weight_map)
-            files = sorted(set(weight_map.values()))
+            self._file_of = read_index(path / INDEX_FILE)
+            files = sorted(set(self._file_of.values()))
+            missing = [file for file in files if not (path / file).is_file()]
+            if missing:
+                raise MissingInputError(
+                    f"{path / INDEX_FILE} lists shard {missing[0]}, which is not in {path}"
+                    + (f" ({len(missing)} shards missing)" if len(missing) > 1 else ""),
+                    path=path / missing[0],
+                )
         elif (path / SINGLE_FILE).exists():
             self.directory, files, self._file_of = path, [SINGLE_FILE], None
         else:
-            raise FileNotFoundError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+            raise MissingInputError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}", path=path)
         self.files = files
         if self._file_of is None:
             self._file_of = {}
             for file in files:
-                with safe_open(self.directory / file, framework="pt") as handle:
+                with open_safetensors(self.directory / file) as handle:
                     self._file_of.update(dict.fromkeys(handle.keys(), file))
 
     def names(self) -> list[str]:
@@ -64,12 +106,12 @@ class TensorReader:
         return self.directory / self._file_of[name]
 
     def get(self, name: str) -> torch.Tensor:
-        with safe_open(self._file(name), framework="pt") as handle:
+        with open_safetensors(self._file(name)) as handle:
             return handle.get_tensor(name)
 
     def shape_and_dtype(self, name: str) -> tuple[tuple[int, ...], str]:
         """Shape and safetensors dtype string ("F32", "BF16", ...) read from the header only."""
-        with safe_open(self._file(name), framework="pt") as handle:
+        with open_safetensors(self._file(name)) as handle:
             view = handle.get_slice(name)
             return tuple(view.get_shape()), view.get_dtype()
 
@@ -77,7 +119,7 @@ class TensorReader:
         """Every tensor's shape and safetensors dtype string, read from the headers (each file opened once)."""
         entries = {}
         for file in self.files:
-            with safe_open(self.directory / file, framework="pt") as handle:
+            with open_safetensors(self.directory / file) as handle:
                 for name in sorted(handle.keys()):
                     view = handle.get_slice(name)
                     entries[name] = (tuple(view.get_shape()), view.get_dtype())
@@ -85,13 +127,13 @@ class TensorReader:
 
     def metadata(self) -> dict[str, str]:
         """The string metadata stored in the first file's header (where kinfolk records provenance)."""
-        with safe_open(self.directory / self.files[0], framework="pt") as handle:
+        with open_safetensors(self.directory / self.files[0]) as handle:
             return dict(handle.metadata() or {})
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Tensors in name order, one at a time, each file opened once."""
         for file in self.files:
-            with safe_open(self.directory / file, framework="pt") as handle:
+            with open_safetensors(self.directory / file) as handle:
                 for name in sorted(handle.keys()):
                     yield name, handle.get_tensor(name)
 

@@ -24,7 +24,7 @@ from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
 
-from kinfolk.errors import InputError
+from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 
 IGNORE_INDEX = -100
 
@@ -34,10 +34,6 @@ DATASET_TYPES = {
     "conversational": ("messages",),
     "prompt-completion": ("prompt", "completion"),
 }
-
-
-class DatasetFormatError(InputError):
-    """The dataset does not have the columns or contents an SFT dataset needs."""
 
 
 @dataclasses.dataclass
@@ -100,7 +96,9 @@ def sft_tokenize(
     """
     args = args or _sft_defaults()
     kind = dataset_type(dataset.column_names, args.dataset_text_field)
-    first = dataset[0] if len(dataset) else {}
+    if len(dataset) == 0:  # TRL would stop on a bare StopIteration reading the first row
+        raise EmptyDatasetError(f"the {dataset_name} dataset has no rows (columns {sorted(dataset.column_names)})")
+    first = dataset[0]
     if kind != "language modeling" and is_conversational(first) and tokenizer.chat_template is None:
         raise DatasetFormatError(
             f"the dataset is conversational (columns {sorted(dataset.column_names)}) but the tokenizer "

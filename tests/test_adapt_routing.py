@@ -216,3 +216,45 @@ def test_kinfolk_route_writes_the_librarys_frontier(patched_family, tmp_path, ca
     argv[2], argv[-1] = str(tmp_path / "short.jsonl"), str(tmp_path / "other")
     assert kinfolk_main(argv) == 2
     assert "example 'test-8' has no outcome for model(s) ['k2']" in capsys.readouterr().err
+
+
+ROUTE_BAD_ROWS = {
+    "no level": ({"level": None}, ["row 1 has no level"]),
+    "unknown split": ({"split": "train"}, ["row 1 has split 'train'"]),
+    "non-numeric correct": ({"correct": "yes"}, ["row 1 has a non-numeric correct"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTE_BAD_ROWS))
+def test_kinfolk_route_refuses_bad_rows_in_one_line_naming_the_file(patched_family, tmp_path, case):
+    from refusal_helpers import assert_command_refused
+
+    change, named = ROUTE_BAD_ROWS[case]
+    row = {"split": "calibration", "id": "a", "model": "k0", "level": 1, "correct": 1.0, "tokens": 5} | change
+    outcomes = tmp_path / "outcomes.jsonl"
+    outcomes.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "routing"
+    argv = ["route", "--outcomes", outcomes, "--models_dir", patched_family, "--out", out]
+    assert_command_refused(argv, outcomes, *named, destination=out, inputs=[outcomes])
+
+
+def test_kinfolk_route_refuses_missing_inputs_and_options_before_reading(patched_family, tmp_path):
+    from refusal_helpers import assert_command_refused
+
+    row = {"split": "calibration", "id": "a", "model": "gone", "level": 1, "correct": 1.0, "tokens": 5}
+    outcomes = tmp_path / "outcomes.jsonl"
+    outcomes.write_text(json.dumps(row) + "\n" + json.dumps(row | {"split": "test"}) + "\n")
+    out = tmp_path / "routing"
+    (tmp_path / "taken").mkdir()
+    common = ["route", "--outcomes", outcomes, "--models_dir", patched_family]
+    cases = [
+        ([*common, "--out", out], ["--outcomes model 'gone'", "does not exist"], out),
+        (["route", "--outcomes", tmp_path / "none.jsonl", "--out", out], ["none.jsonl", "no such data file"], out),
+        ([*common, "--out", tmp_path / "taken"], ["taken already exists"], None),
+        ([*common, "--out", out, "--cost", "watts"], ["--cost must be one of"], out),
+        ([*common, "--out", out, "--difficulty", "rating"], ["--difficulty rating needs --rater"], out),
+        ([*common, "--out", out, "--difficulty", "rating", "--rater", tmp_path / "no-rater"], ["no-rater"], out),
+        (["route", "--outcomes", outcomes, "--models_dir", tmp_path / "nowhere", "--out", out], ["nowhere"], out),
+    ]
+    for argv, named, destination in cases:
+        assert_command_refused(argv, *named, destination=destination, inputs=[outcomes])

@@ -166,7 +166,7 @@ def test_missing_columns_name_expected_and_present(tiny_kit):
 
 
 def test_missing_model_for_the_formula_is_named(tiny_kit):
-    with pytest.raises(ValueError, match="formula 'influence' need the reference model"):
+    with pytest.raises(ValueError, match="formula 'influence' needs the reference model"):
         score_dataset(prompt_completion_dataset(2), small_base=tiny_kit.model_dir("llama"), formula="influence")
 
 

@@ -115,3 +115,42 @@ def test_kinfolk_distil_runs_under_two_processes_with_gradient_accumulation(tiny
     for name, value in distilled.items():
         torch.testing.assert_close(delta[name], value - initial[name], rtol=0, atol=0, msg=name)
     assert any(not torch.equal(value, initial[name]) for name, value in distilled.items())
+
+
+def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts(tiny_kit, tmp_path, monkeypatch):
+    """Each refusal: exit 2, one line naming the culprit, nothing at --out, the inputs untouched, and no process
+    launched (so `--overwrite` has cleared nothing)."""
+    from refusal_helpers import assert_command_refused
+
+    import kinfolk.commands.distil as distil_command
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("accelerate launch started before the bad input was refused")
+
+    monkeypatch.setattr(distil_command, "launch", no_launch)
+    teacher = tiny_kit.model_dir("llama", "large")
+    prompt_completion_dataset(4).to_json(tmp_path / "sft.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "a-file").write_text("not a model")
+    (tmp_path / "not-a-checkpoint").mkdir()
+    out = tmp_path / "out"
+    sft = ["--sft_data", tmp_path / "sft.jsonl", "--use_cpu"]
+    common = ["distil", "--teacher", teacher, "--out", out, "--use_cpu"]
+    cases = [
+        (["distil", "--teacher", tmp_path / "gone", "--out", out, *sft], ["gone", "no such directory"]),
+        (["distil", "--teacher", tmp_path / "a-file", "--out", out, *sft], ["a-file", "is a file"]),
+        ([*common, *sft, "--layers", "{first: 9}"], ["--layers", "first: 9 is more than the teacher's 4 layers"]),
+        ([*common, *sft, "--layers", "{every: [1"], ["--layers", "is not valid YAML"]),
+        ([*common, "--sft_data", tmp_path / "missing.jsonl"], ["missing.jsonl", "no such data file"]),
+        ([*common, "--pretraining_data", tmp_path / "empty.jsonl", *sft], ["empty.jsonl", "is empty"]),
+        ([*common, *sft, "--resume_from_checkpoint", tmp_path / "not-a-checkpoint"], ["not a checkpoint"]),
+        ([*common, *sft, "--resume_from_checkpoint", tmp_path / "nowhere"], ["nowhere", "no such checkpoint"]),
+    ]
+    inputs = [tmp_path / "sft.jsonl", teacher / "config.json"]
+    for argv, named in cases:
+        assert_command_refused(argv, *named, destination=out, inputs=inputs)
+    # an existing --out with --overwrite and a bad input: refused, and the old output is still there
+    out.mkdir()
+    (out / "kept").write_text("old output")
+    assert_command_refused([*common, "--overwrite", "--sft_data", tmp_path / "missing.jsonl"], "missing.jsonl")
+    assert (out / "kept").read_text() == "old output"

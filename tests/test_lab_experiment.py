@@ -190,3 +190,16 @@ def test_lab_command_refuses_bad_input_in_one_line(argv, message, capsys, tmp_pa
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_results_page_agrees_with_its_data(tmp_path):
+    from kinfolk.lab.results_doc import update_results_page
+
+    root = Path(__file__).resolve().parents[1] / "docs"
+    if not list((root / "results").glob("*.json")):
+        pytest.skip("no committed results")
+    page = tmp_path / "results.md"
+    page.write_text((root / "results.md").read_text())
+    assert update_results_page(page, root / "results") == (root / "results.md").read_text(), (
+        "docs/results.md's generated tables are stale: run python -m kinfolk.lab.results_doc"
+    )

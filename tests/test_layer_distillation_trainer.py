@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-from kinfolk.plugins.adapt import LayerMap, merge
+from kinfolk.plugins.adapt import LAYER_MAP_FILE, LayerMap, merge
 from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
 from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
@@ -282,3 +282,24 @@ def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, ti
         LayerDistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
                             args=make_args(tmp_path), train_dataset=prompt_completion_dataset(4),
                             processing_class=tiny_tokenizer)  # fmt: skip
+
+
+def test_checkpoints_are_staged_and_published_whole_with_the_layer_map(pairs, tmp_path, tiny_tokenizer, monkeypatch):
+    """Each checkpoint-N (layer map included) is written aside and appears with one rename (AtomicCheckpointsMixin),
+    so a distillation killed while saving never leaves a half-written checkpoint for resumption to pick."""
+    from kinfolk.trainers import atomic_checkpoints
+
+    published = []
+
+    def recording_publish(staging, destination):
+        published.append((sorted(path.name for path in staging.iterdir()), destination.name))
+        return real_publish(staging, destination)
+
+    real_publish = atomic_checkpoints.publish
+    monkeypatch.setattr(atomic_checkpoints, "publish", recording_publish)
+    trainer = make_trainer(pairs["llama"], tmp_path, tiny_tokenizer, max_steps=4, per_device_train_batch_size=2,
+                           save_strategy="steps", save_steps=2)  # fmt: skip
+    trainer.train()
+    assert [destination for _, destination in published] == ["checkpoint-2", "checkpoint-4"]
+    assert all({LAYER_MAP_FILE, "trainer_state.json", "model.safetensors"} <= set(files) for files, _ in published)
+    assert sorted(path.name for path in (tmp_path / "out").iterdir() if path.name.startswith(".")) == []

@@ -50,6 +50,7 @@ from kinfolk.divergence import OutputHead, chunked_divergence
 from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.layout import base_model, decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
+from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 
@@ -180,7 +181,7 @@ def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> La
     return found
 
 
-class LayerDistillationTrainer(SFTTrainer):
+class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
     """SFTTrainer + frozen teacher: CE + λ_KL·T²·KL + λ_cos·Σ(1 − cos), optionally after a pre-training phase."""
 
     _tag_names: ClassVar[list[str]] = ["trl", "sft", "kinfolk", "distillation"]

@@ -28,7 +28,7 @@ from datasets import Dataset, IterableDataset
 from trl.data_utils import get_dataset_column_names
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from kinfolk.errors import InputError
+from kinfolk.errors import WeightColumnError
 from kinfolk.tokens import IGNORE_INDEX
 
 # Dataset columns, one value per token.
@@ -47,10 +47,6 @@ STAT = {name: index for index, name in enumerate(STAT_NAMES)}
 NORMALIZER = {"token": "token_mass", "sequence": "examples", "self_normalized": "weight_mass"}
 
 _MAX_LISTED_ROWS = 10
-
-
-class WeightColumnError(InputError):
-    """The weight column is missing or holds values that cannot be weights."""
 
 
 def _is_weight(value: Any) -> bool:

@@ -62,9 +62,11 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
-from kinfolk.data import load_splits
+from kinfolk.data import load_data
+from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.launch_check import warn_if_fewer_processes
-from kinfolk.tokens import IGNORE_INDEX
+from kinfolk.tokens import IGNORE_INDEX, dataset_type
+from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 from kinfolk.trainers.weighted_sft_data import (
@@ -155,9 +157,7 @@ def _weighted_config(args: TrainingArguments | None, model: Any) -> WeightedSFTC
 
 def _retained_source(args: WeightedSFTConfig, retained_dataset: Dataset | None) -> Dataset | None:
     if retained_dataset is None and args.retained_dataset_name is not None:
-        retained_dataset = load_splits(args.retained_dataset_name, split=args.retained_dataset_split)[
-            args.retained_dataset_split
-        ]
+        retained_dataset = load_data(args.retained_dataset_name, args.retained_dataset_split)
     if retained_dataset is None and (args.replay_ratio > 0 or args.output_kl_coef > 0):
         raise ValueError(
             "replay_ratio > 0 and output_kl_coef > 0 need retained data: pass `retained_dataset=` to the trainer "
@@ -192,7 +192,24 @@ def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_co
         raise ValueError("WeightedSFTTrainer cannot honour these options: " + "; ".join(reasons) + ".")
 
 
-class WeightedSFTTrainer(SFTTrainer):
+def _check_datasets(args: WeightedSFTConfig, formatted: bool, **datasets: Any) -> None:
+    """Refuse a dataset without rows before SFTTrainer reads its first row (a bare StopIteration there), and one
+    without the columns of any SFT format (TRL's KeyError) unless a `formatting_func` builds the text."""
+    for name, dataset in datasets.items():
+        for part, rows in dataset.items() if isinstance(dataset, dict) else [(None, dataset)]:
+            if not isinstance(rows, Dataset):
+                continue
+            described = f"the {name} dataset" + (f" {part!r}" if part else "")
+            if len(rows) == 0:
+                raise EmptyDatasetError(f"{described} has no rows (columns {sorted(rows.column_names)})")
+            if not formatted and "input_ids" not in rows.column_names:
+                try:
+                    dataset_type(rows.column_names, args.dataset_text_field)
+                except DatasetFormatError as error:
+                    raise DatasetFormatError(f"{described}: {error}") from None
+
+
+class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
     """`trl.SFTTrainer` whose loss weights each example by its dataset's `weight_column` (see module docstring).
 
     Takes the same arguments as `SFTTrainer`; `args` is a `WeightedSFTConfig` (an `SFTConfig` or
@@ -216,6 +233,7 @@ class WeightedSFTTrainer(SFTTrainer):
     ):
         args = _weighted_config(args, model)
         _reject_unsupported(args, compute_loss_func, data_collator)
+        _check_datasets(args, kwargs.get("formatting_func") is not None, train=train_dataset, eval=eval_dataset)
         # Read by `_prepare_dataset`, which SFTTrainer.__init__ calls.
         self._retained_source = _retained_source(args, retained_dataset)
         self._retained_prepared = None

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinfolk.atomic import check_destination, write_json
-from kinfolk.callbacks.churn import KINDS, churn_report, compare_churn, outcomes, read_samples
+from kinfolk.callbacks.churn import KINDS, align, churn_report, compare_churn, outcomes, read_samples
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.errors import MissingInputError
+from kinfolk.errors import InputError
 
 
 @dataclass
@@ -22,6 +22,10 @@ class ChurnArguments:
     bootstrap: int = field(default=2000, metadata={"help": "paired-question bootstrap resamples"})
     out: str | None = field(default=None, metadata={"help": "also write the numbers as JSON here"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
+
+    def __post_init__(self) -> None:
+        if self.bootstrap < 1:
+            raise ValueError(f"--bootstrap must be at least 1, got {self.bootstrap}")
 
 
 def make_parser() -> VerbParser:
@@ -43,12 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         check_destination(args.out, args.overwrite)
 
     def load(path):
+        records = read_samples(path)
         try:
-            return outcomes(read_samples(path), args.metric, args.filter)
-        except FileNotFoundError:
-            raise MissingInputError(f"{path}: no such samples file") from None
+            return outcomes(records, args.metric, args.filter)
+        except InputError as error:  # about a record of this file: say which file
+            raise type(error)(f"{path}: {error}") from None
 
     frozen, adapted = load(files.frozen), load(files.adapted)
+    runs = {files.frozen: frozen, files.adapted: adapted}
+    if files.comparator:
+        runs[files.comparator] = load(files.comparator)
+    align(*runs.values(), names=list(runs))
     report: dict[str, Any] = {"adapted": churn_report(frozen, adapted, n_resamples=args.bootstrap)}
     counts = report["adapted"]
     lines = [
@@ -61,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     per = {"C": "question", "F": "frozen-correct", "G": "frozen-wrong", "W": "frozen-wrong"}
     lines += [f"| {kind} | {counts[kind]} | {_cell(counts[f'{kind}_rate'])} | {per[kind]} |" for kind in KINDS]
     if files.comparator:
-        comparison = compare_churn(frozen, adapted, load(files.comparator), n_resamples=args.bootstrap)
+        comparison = compare_churn(frozen, adapted, runs[files.comparator], n_resamples=args.bootstrap)
         report["comparison"] = comparison
         lines += ["", "| change | adapted | comparator | reduction % [95% CI] |", "|---|---|---|---|"]
         lines += [

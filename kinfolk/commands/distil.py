@@ -13,7 +13,10 @@ One command for the three steps the ADAPT pipeline runs per teacher (the merges 
 
 Options are `LayerDistillationConfig`'s (every `trl sft` training flag and the loss weights) plus this verb's own,
 from flags or `--config distil.yaml`; unknown flags go to `accelerate launch`, which starts this module on every
-process, as `kinfolk sft` does. The merges run on the main process only:
+process, as `kinfolk sft` does. Bad input exits 2 with one line before any process starts (`check_inputs`): an
+existing `--out` without `--overwrite`, a teacher that cannot load, a layer selection it does not fit, missing or
+empty data, a `--resume_from_checkpoint` that is not a checkpoint; `--overwrite` clears the old output only after
+those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merges run on the main process only:
 
     kinfolk distil --teacher models/Qwen3-4B-Instruct --pretraining_data pile.jsonl --sft_data math.jsonl \\
         --max_steps 2000 --per_device_train_batch_size 8 --out students/instruct [--num_processes 8]
@@ -32,11 +35,11 @@ from pathlib import Path
 
 import yaml
 
-from kinfolk.atomic import check_destination
-from kinfolk.commands.launching import launch
+from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
+from kinfolk.commands.launching import check_resume_checkpoint, launch
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.errors import InputError
-from kinfolk.plugins.adapt.layer_map import LayerMapError, LayerSelection
+from kinfolk.errors import InputError, LayerMapError
+from kinfolk.plugins.adapt.layer_map import LayerSelection
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 PROG = "kinfolk distil"
@@ -73,7 +76,10 @@ class DistilArguments:
 
 def layer_selection(layers: str | dict) -> LayerSelection:
     """`--layers` as a `LayerSelection` (a YAML mapping on the command line, a mapping in `--config`)."""
-    values = yaml.safe_load(layers) if isinstance(layers, str) else layers
+    try:
+        values = yaml.safe_load(layers) if isinstance(layers, str) else layers
+    except yaml.YAMLError as error:
+        raise LayerMapError(f"--layers {layers!r} is not valid YAML ({' '.join(str(error).split())})") from None
     if not isinstance(values, dict):
         raise LayerMapError(f"--layers expects a mapping such as '{{every: 2, last: 1}}', got {layers!r}")
     return LayerSelection.from_dict(values)
@@ -126,32 +132,74 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
         processing_class=AutoTokenizer.from_pretrained(init),
     )
     resume = training_args.resume_from_checkpoint
-    if resume is not None and not Path(resume).is_dir():  # e.g. "true": the last checkpoint of this --out
+    if resume is not None and not (isinstance(resume, str) and Path(resume).is_dir()):  # "true": this --out's last
         resume = get_last_checkpoint(training_args.output_dir)
     trainer.train(resume_from_checkpoint=resume)
-    staging = out / f".{DISTILLED}.partial"
+    staging = _shared_staging(distilled, state)
     trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
     state.wait_for_everyone()
-    if state.is_main_process:
-        if distilled.exists():
-            shutil.rmtree(distilled)
-        staging.rename(distilled)
+    if state.is_main_process:  # the distilled student, then its delta (written last: the run is complete)
+        publish(staging, distilled)
+        if staging.exists():  # after an exchange: the distilled student of an earlier run
+            shutil.rmtree(staging)
         merge(DeltaConfig(init=str(init), distilled=str(distilled)), out / DELTA, overwrite=True, progress=False)
     state.wait_for_everyone()
     trainer.end()
     return distilled
 
 
-def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
-    """Refuse an existing `--out` unless `--overwrite` (which clears it) or `--resume_from_checkpoint`."""
+def _shared_staging(destination: Path, state) -> Path:
+    """The main process's staging sibling of `destination` (`kinfolk.atomic.staging_path`), known to every process."""
+    from accelerate.utils import broadcast_object_list
+
+    name = [None]
+    if state.is_main_process:
+        clean_dead_staging(destination.parent, destination.name)  # what a run killed while saving left
+        name = [str(staging_path(destination))]
+    if state.num_processes > 1:
+        broadcast_object_list(name, from_process=0)
+    return Path(name[0])
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a directory by first renaming it to a staging name: a removal cut short leaves no half-deleted tree
+    where a user or a rerun would read it (the next run to that destination removes what is left)."""
+    retired = staging_path(path)
+    path.rename(retired)
+    shutil.rmtree(retired)
+
+
+def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """Refuse, before any process starts (and before `--overwrite` clears anything), what would fail later: an
+    existing or unwritable `--out`, a `--resume_from_checkpoint` that is not a checkpoint, a teacher that cannot
+    load, a layer selection that does not fit it, and data that is missing, empty or unreadable."""
+    from kinfolk.inputs import check_model
+
     if not (args.pretraining_data or args.sft_data):
         raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
-    layer_selection(args.layers)  # a bad selection is refused before any process starts, and before --overwrite
+    selection = layer_selection(args.layers)
     out = Path(args.out)
-    if training_args.resume_from_checkpoint is None:
+    resume = training_args.resume_from_checkpoint
+    if resume is None:
         check_destination(out, args.overwrite)
-        if out.exists():
-            shutil.rmtree(out)
+    elif isinstance(resume, str) and resume.lower() != "true":  # "true": the last checkpoint under --out
+        check_resume_checkpoint(resume)
+    teacher = check_model(args.teacher, "the --teacher", tokenizer=True)
+    try:
+        selection.resolve(teacher.get_text_config().num_hidden_layers)
+    except LayerMapError as error:
+        raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
+    load_phases(args)  # read once here: a bad file is named before any process starts (the processes reuse the cache)
+    return out
+
+
+def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """`check_inputs`, then clear an existing `--out` when `--overwrite` (not when resuming from it). The run writes
+    into `--out` itself, so that a killed run resumes from its checkpoints; each part appears whole or not at all
+    (the merges' outputs, each `checkpoint-N`, the distilled student), the delta last."""
+    out = check_inputs(args, training_args)
+    if training_args.resume_from_checkpoint is None and out.exists():
+        _remove_tree(out)
     return out
 
 

@@ -39,6 +39,10 @@ class DriftArguments:
     seed: int = field(default=0, metadata={"help": "bootstrap seed"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
 
+    def __post_init__(self) -> None:
+        if self.bootstrap < 1:
+            raise ValueError(f"--bootstrap must be at least 1, got {self.bootstrap}")
+
 
 def main(argv: list[str] | None = None) -> int:
     (args,) = VerbParser(DriftArguments, prog="kinfolk drift", description=__doc__.split("\n\n")[0]).parse(argv)

@@ -10,7 +10,11 @@ What kinfolk adds to lm-eval's CLI:
 - kinfolk's `eval_tasks/` are always indexed; lm-eval's `--include_path` adds more folders (several, separated by
   `os.pathsep`);
 - lm-eval's `--confirm_run_unsafe_code` also switches on kinfolk's sandboxed code execution (the MBPP tasks);
-- kinfolk's own options, listed by `kinfolk eval --help`.
+- kinfolk's own options, listed by `kinfolk eval --help`;
+- bad input is refused before any model loads, as one line with exit 2: lm-eval's own argument checks (no
+  `--tasks`, a task not found, `--log_samples` without `--output_path`, ...) and kinfolk's of the paths (a local
+  `pretrained=` model and `peft=` adapter that cannot load, an `--output_path` that cannot be written, found by
+  lm-eval only after the evaluation).
 
 Every other option is lm-eval's and passes through unchanged: `lm-eval run --help` lists them.
 """
@@ -20,11 +24,18 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
+from kinfolk.atomic import check_writable
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
+from kinfolk.inputs import check_model, is_local_path, read_json
+
+# lm-eval model types that load `pretrained=` (and `peft=`) with transformers.
+HF_MODELS = ("hf", "hf-auto", "huggingface")
 
 
 @dataclass
@@ -67,14 +78,76 @@ def _with_kinfolk_tasks(task_manager_class, include_defaults: bool = True):
     return KinfolkTaskManager
 
 
+def check_paths(config) -> None:
+    """Refuse, before lm-eval loads anything, local model and adapter paths that cannot load and an output path
+    that cannot be written. Hub ids are checked as far as the local cache allows (`kinfolk.inputs.check_model`)."""
+    model_args = config.model_args or {}
+    if config.model in HF_MODELS and isinstance(model_args.get("pretrained"), str):
+        check_model(model_args["pretrained"], "pretrained=", tokenizer="tokenizer" not in model_args)
+    adapter = model_args.get("peft")
+    if config.model in HF_MODELS and isinstance(adapter, str) and is_local_path(adapter):
+        check_adapter(adapter)
+    if config.output_path:
+        path = Path(config.output_path)
+        check_writable(path if path.suffix == ".json" else path / "results")
+    include = config.include_path or []
+    for folder in include.split(os.pathsep) if isinstance(include, str) else include:
+        if folder and not Path(folder).exists():  # lm-eval would skip it, and a task in it would be "not found"
+            raise MissingInputError(f"--include_path {folder}: no such folder", path=folder)
+
+
+def check_adapter(path: str) -> None:
+    """A saved PEFT adapter directory whose config loads with its type's own checks (ATLAS names edited fields)."""
+    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
+
+    if not Path(path).is_dir():
+        if Path(path).exists():
+            raise CheckpointError(f"peft={path} is a file; give the adapter's directory", path=path)
+        raise MissingInputError(f"peft={path}: no such adapter directory", path=path)
+    peft_type = read_json(Path(path) / "adapter_config.json", "adapter config").get("peft_type")
+    if peft_type not in PEFT_TYPE_TO_CONFIG_MAPPING:
+        raise AdapterConfigError(f"peft={path}: unknown peft_type {peft_type!r} in adapter_config.json", path=path)
+    PEFT_TYPE_TO_CONFIG_MAPPING[peft_type].from_pretrained(path)
+
+
+def _checked(config_class):
+    """lm-eval's run config, its argument errors reported as bad input and the paths checked (`check_paths`).
+
+    lm-eval raises `ValueError` from its argument checks (`from_cli`) and task lookup (`process_tasks`), both
+    before any model loads; everything it raises there is about the command line it was given."""
+
+    class CheckedConfig(config_class):
+        @classmethod
+        def from_cli(cls, namespace):
+            try:
+                config = super().from_cli(namespace)
+            except (ValueError, TypeError, FileNotFoundError) as error:
+                raise InputError(str(error)) from error
+            check_paths(config)
+            return config
+
+        def process_tasks(self, metadata=None):
+            try:
+                manager = super().process_tasks(metadata)
+            except ValueError as error:
+                raise InputError(str(error)) from error
+            if not self.tasks:  # lm-eval finds out only after loading the model
+                raise InputError("no --tasks given; name the tasks to run (`lm-eval list tasks` lists them)")
+            return manager
+
+    return CheckedConfig
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     (options,), lm_eval_argv = make_parser().parse_known(argv)
+    import lm_eval.config.evaluate_config as evaluate_config
     import lm_eval.tasks
     from lm_eval.__main__ import cli_evaluate
 
-    saved = sys.argv, lm_eval.tasks.TaskManager, os.environ.get(ALLOW_ENV)
+    saved = sys.argv, lm_eval.tasks.TaskManager, os.environ.get(ALLOW_ENV), evaluate_config.EvaluatorConfig
     lm_eval.tasks.TaskManager = _with_kinfolk_tasks(lm_eval.tasks.TaskManager, not options.skip_default_tasks)
+    evaluate_config.EvaluatorConfig = _checked(evaluate_config.EvaluatorConfig)
     if "--confirm_run_unsafe_code" in lm_eval_argv:
         os.environ[ALLOW_ENV] = "1"
     sys.argv = ["kinfolk eval", *lm_eval_argv]  # lm-eval's CLI reads sys.argv itself
@@ -83,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:  # leave the process as it was, for callers that run this in-process
-        sys.argv, lm_eval.tasks.TaskManager = saved[0], saved[1]
+        sys.argv, lm_eval.tasks.TaskManager, evaluate_config.EvaluatorConfig = saved[0], saved[1], saved[3]
         if saved[2] is None:
             os.environ.pop(ALLOW_ENV, None)
         else:

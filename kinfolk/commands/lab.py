@@ -72,7 +72,7 @@ def experiment(argv: list[str]) -> int:
         return import_module("kinfolk.lab.atlas_experiment").main(argv[1:])
     if not argv or argv[0] not in EXPERIMENTS:
         choices = ", ".join([*EXPERIMENTS, "atlas"])
-        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose {choices}")
+        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
     from kinfolk.lab.results_doc import results_markdown
 
     name = argv[0]

@@ -6,6 +6,9 @@ found) is the verb's."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+
+from kinfolk.errors import CheckpointError, MissingInputError
 
 
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
@@ -21,3 +24,15 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
     except subprocess.CalledProcessError as failed:
         return failed.returncode
     return 0
+
+
+def check_resume_checkpoint(resume: str) -> None:
+    """Refuse a `--resume_from_checkpoint` directory that is not there or is not a Trainer checkpoint (no
+    `trainer_state.json`), before anything is launched."""
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    if (Path(resume) / TRAINER_STATE_NAME).is_file():
+        return
+    if Path(resume).is_dir():
+        raise CheckpointError(f"--resume_from_checkpoint {resume} has no {TRAINER_STATE_NAME}: not a checkpoint")
+    raise MissingInputError(f"--resume_from_checkpoint {resume}: no such checkpoint directory", path=resume)

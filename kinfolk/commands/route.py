@@ -23,7 +23,8 @@ from typing import Any
 
 from kinfolk.atomic import atomic_directory, check_destination, write_json
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.errors import InputError
+from kinfolk.errors import DatasetFormatError, EmptyDatasetError, InputError, MissingInputError
+from kinfolk.inputs import check_model
 from kinfolk.plugins.adapt.cost import COST_KINDS, model_cost
 from kinfolk.plugins.adapt.routing import DEFAULT_THRESHOLDS, POLICIES, Outcomes, frontier, plot_frontier
 
@@ -83,22 +84,29 @@ def read_outcomes(path: str, difficulty: str) -> dict[str, dict[str, Any]]:
     needed = (*REQUIRED, "level" if difficulty == "labels" else "prompt")
     splits: dict[str, dict[str, Any]] = {split: {"examples": {}, "rows": {}} for split in SPLITS}
     for number, row in enumerate(load_data(path).to_list(), start=1):
+
+        def refuse(problem: str, number: int = number) -> DatasetFormatError:
+            return DatasetFormatError(f"{path}: row {number} {problem}", path=path)
+
         missing = [name for name in needed if row.get(name) is None]
         if missing:
-            raise InputError(f"{path}: row {number} has no {', '.join(missing)}")
+            raise refuse(f"has no {', '.join(missing)}")
         if row["split"] not in splits:
-            raise InputError(f"{path}: row {number} has split {row['split']!r}; expected one of {', '.join(SPLITS)}")
+            raise refuse(f"has split {row['split']!r}; expected one of {', '.join(SPLITS)}")
         split = splits[row["split"]]
         example = {"level": row.get("level"), "prompt": row.get("prompt")}
         if split["examples"].setdefault(str(row["id"]), example) != example:
-            raise InputError(f"{path}: row {number} gives example {row['id']!r} another level or prompt")
+            raise refuse(f"gives example {row['id']!r} another level or prompt")
         key = (str(row["id"]), str(row["model"]))
         if key in split["rows"]:
-            raise InputError(f"{path}: row {number} repeats example {row['id']!r} of model {row['model']!r}")
-        split["rows"][key] = (float(row["correct"]), float(row["tokens"]))
+            raise refuse(f"repeats example {row['id']!r} of model {row['model']!r}")
+        try:
+            split["rows"][key] = (float(row["correct"]), float(row["tokens"]))
+        except (TypeError, ValueError):
+            raise refuse(f"has a non-numeric correct or tokens ({row['correct']!r}, {row['tokens']!r})") from None
     for name, split in splits.items():
         if not split["examples"]:
-            raise InputError(f"{path}: no {name} rows")
+            raise EmptyDatasetError(f"{path}: no {name} rows", path=path)
     return splits
 
 
@@ -131,10 +139,14 @@ def _rated_levels(args: RouteArguments, prompts: dict[str, str]) -> dict[str, st
 def route(args: RouteArguments) -> dict[str, Any]:
     """Read the outcomes, find each model's cost, route, measure, and write `routing.json` and `frontier.png`."""
     out = check_destination(args.out, args.overwrite)
+    if args.models_dir and not Path(args.models_dir).is_dir():
+        raise MissingInputError(f"--models_dir {args.models_dir}: no such directory", path=args.models_dir)
+    if args.difficulty == "rating":
+        check_model(args.rater, "the --rater", tokenizer=True)
     splits = read_outcomes(args.outcomes, args.difficulty)
     names = sorted({model for split in splits.values() for _, model in split["rows"]})
     directories = {name: Path(args.models_dir) / name if args.models_dir else Path(name) for name in names}
-    costs = {name: model_cost(directory) for name, directory in directories.items()}
+    costs = {name: model_cost(directory, f"--outcomes model {name!r}") for name, directory in directories.items()}
     models = sorted(names, key=lambda name: (costs[name].parameters, name))  # smallest first
     result: dict[str, Any] = {"cost": args.cost, "difficulty": args.difficulty}
     outcomes = {}

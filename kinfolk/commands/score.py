@@ -22,11 +22,12 @@ from datasets import Dataset
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.data import check_output, load_data, save_dataset, writes_folder
+from kinfolk.data import check_output, load_data, naming, save_dataset, writes_folder
 from kinfolk.tokens import DatasetFormatError
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
 from kinfolk.trainers.atlantis.pipeline import score_dataset
+from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
 from kinfolk.trainers.atlantis.scoring import process_state
 from kinfolk.trainers.atlantis.weights import compute_weights, weights_from_scores
 
@@ -59,18 +60,21 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     state = process_state()
     check_output(args.out, args.overwrite)
+    models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
+    if any(models.values()):  # models, the formula's needs, the cache and --out: before the data is even read
+        check_scoring_inputs(models, config, out=args.out, overwrite=args.overwrite)
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
-    models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
-    if any(models.values()):
-        scored = score_dataset(dataset, **models, config=config, state=state)
-    elif any(logprob_column(role) in dataset.column_names for role in ROLES):
-        scored = compute_weights(dataset, config.weight_config())
-    else:
-        raise DatasetFormatError(
-            f"no model given and {args.data} holds no scores ({', '.join(logprob_column(r) for r in ROLES)}); "
-            "pass --large_base/--small_base/--reference"
-        )
+    with naming(args.data):
+        if any(models.values()):
+            scored = score_dataset(dataset, **models, config=config, state=state)
+        elif any(logprob_column(role) in dataset.column_names for role in ROLES):
+            scored = compute_weights(dataset, config.weight_config())
+        else:
+            raise DatasetFormatError(
+                f"no model given and {args.data} holds no scores ({', '.join(logprob_column(r) for r in ROLES)}); "
+                "pass --large_base/--small_base/--reference"
+            )
     if state.is_main_process:
         report = weight_report(scored, config.weight_config())
         print(format_report(report))

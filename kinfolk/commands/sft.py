@@ -12,8 +12,12 @@ knows go to `accelerate launch`, which starts this module on every process, exac
 folder): anything `kinfolk.data.load_splits` reads.
 
 Other components add option groups (`SFTExtension`): a dataclass parsed with the rest (flags and YAML keys), a hook
-that turns the parsed options into the `peft_config` to train, and a hook that runs on the built trainer before
-training (e.g. to fit data-dependent adapter state). Append one to `EXTENSIONS`.
+that turns the parsed options into the `peft_config` to train, a hook that checks the extension's own inputs before
+the model loads, and a hook that runs on the built trainer before training (e.g. to fit data-dependent adapter
+state). Append one to `EXTENSIONS`.
+
+Bad input is refused before the model loads where it can be (`check_inputs`: the model, `--output_dir`,
+`--resume_from_checkpoint`; the data's splits and rows; each extension's `check`), else before training.
 
 >>> parser = make_parser()
 >>> script_args, training_args, model_args, dataset_args, *extension_args = parser.parse_args_and_config(
@@ -28,15 +32,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
-from kinfolk.commands.launching import launch
+from kinfolk.commands.launching import check_resume_checkpoint, launch
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.data import load_splits
+from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError
-from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_peft_config, sft_prepare
+from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
 PROG = "kinfolk sft"
@@ -47,18 +52,20 @@ class SFTExtension:
     """An option group of `kinfolk sft`.
 
     `arguments` is a dataclass (fields with `metadata={"help": ...}`) parsed beside TRL's; `peft_config(options,
-    model_args)` may return the `PeftConfig` to train (at most one source of adapters per run); `prepare(options,
-    trainer)` runs once the trainer is built, before training.
+    model_args)` may return the `PeftConfig` to train (at most one source of adapters per run); `check(options,
+    training_args)` refuses bad input of the extension's own before the model loads; `prepare(options, trainer)`
+    runs once the trainer is built, before training.
     """
 
     arguments: type
     peft_config: Callable[[Any, ModelConfig], Any] | None = None
+    check: Callable[[Any, Any], None] | None = None
     prepare: Callable[[Any, Any], None] | None = None
 
 
 # Option groups parsed alongside TRL's.
 EXTENSIONS: list[SFTExtension] = [
-    SFTExtension(arguments=AtlasArguments, peft_config=sft_peft_config, prepare=sft_prepare),
+    SFTExtension(arguments=AtlasArguments, peft_config=sft_peft_config, check=sft_check, prepare=sft_prepare),
 ]
 
 
@@ -98,6 +105,21 @@ def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
     return chosen[0][1] if chosen else None
 
 
+def check_inputs(script_args, training_args, model_args) -> None:
+    """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
+    an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
+    `--resume_from_checkpoint` directory that is not there."""
+    from kinfolk.atomic import check_writable
+    from kinfolk.inputs import check_model
+
+    if model_args.model_name_or_path is None:
+        raise InputError("--model_name_or_path is required")
+    check_model(model_args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
+    check_writable(Path(training_args.output_dir) / "checkpoint")
+    if isinstance(training_args.resume_from_checkpoint, str):
+        check_resume_checkpoint(training_args.resume_from_checkpoint)
+
+
 def train(script_args, training_args, model_args, dataset_args, *extension_options):
     """What each launched process runs: `trl sft`'s script with WeightedSFTTrainer and the extensions' hooks."""
     from trl import get_quantization_config
@@ -111,16 +133,22 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
         "dtype": model_args.dtype,
         **(training_args.model_init_kwargs or {}),
     }
+    check_inputs(script_args, training_args, model_args)
+    for extension, options in zip(EXTENSIONS, extension_options):
+        if extension.check is not None:
+            extension.check(options, training_args)
     dataset = load_datasets(script_args, dataset_args)
+    source = script_args.dataset_name or "the --datasets mixture"
     evaluating = training_args.eval_strategy != "no"
-    trainer = WeightedSFTTrainer(
-        model=model_args.model_name_or_path,
-        args=training_args,
-        train_dataset=dataset[script_args.dataset_train_split],
-        eval_dataset=dataset[script_args.dataset_test_split] if evaluating else None,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=build_peft_config(model_args, extension_options),
-    )
+    with naming(source):  # a missing or bad weight column, or columns TRL cannot train on, name the data
+        trainer = WeightedSFTTrainer(
+            model=model_args.model_name_or_path,
+            args=training_args,
+            train_dataset=select_split(dataset, script_args.dataset_train_split, source),
+            eval_dataset=select_split(dataset, script_args.dataset_test_split, source) if evaluating else None,
+            quantization_config=get_quantization_config(model_args),
+            peft_config=build_peft_config(model_args, extension_options),
+        )
     for extension, options in zip(EXTENSIONS, extension_options):
         if extension.prepare is not None:
             extension.prepare(options, trainer)

@@ -340,7 +340,13 @@ class AdaptFamily:
         out = self.work / "sizes" / f"{method}-{variant}-{steps}-{order}"
         if not (out / "family.json").exists():
             student = self.student(method, variant, steps)
-            config = PatchConfig(teacher=str(self.teacher_dir(variant)), student=str(student), order=order)
+            config = PatchConfig(
+                teacher=str(self.teacher_dir(variant)),
+                student=str(student),
+                order=order,
+                # the cross-patch: the variant's blocks into the base's student (its layer map records the base)
+                allow_other_teacher=method == "cross-patch",
+            )
             merge(config, out, overwrite=True, all_sizes=True, progress=False)
         return out
 

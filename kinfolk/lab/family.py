@@ -167,18 +167,18 @@ class LabConfig:
     def quick_config(cls, **overrides) -> LabConfig:
         """The `--quick` size, for tests and CI: same models, fewer steps, lower thresholds."""
         quick = {
-            "small_pretrain_steps": 500,
+            "small_pretrain_steps": 1000,  # a one-layer model copies 6 % of problems after 500 steps, 81-88 % after 1,000
             "large_pretrain_steps": 500,
             "large_pretrain_until": None,
             "post_train_steps": 60,
             "eval_problems": 100,
             "thresholds": {
-                # The quick large base learns copying but not reversal (the full one does): no target threshold.
+                # At 1e-3 the quick large base learns reversal within its 500 steps too (seed 0: 1.00)
                 "small_base": {RETAINED: ("answer_accuracy", 0.5)},
-                "large_base": {RETAINED: ("answer_accuracy", 0.5)},
+                "large_base": {RETAINED: ("answer_accuracy", 0.5), TARGET: ("answer_accuracy", 0.5)},
                 "small_instruct": {RETAINED: ("accuracy", 0.8)},
-                "large_instruct": {RETAINED: ("accuracy", 0.8)},
-                "large_bracket": {RETAINED: ("answer_accuracy", 0.8)},
+                "large_instruct": {RETAINED: ("accuracy", 0.8), TARGET: ("accuracy", 0.8)},
+                "large_bracket": {RETAINED: ("answer_accuracy", 0.8), TARGET: ("answer_accuracy", 0.8)},
             },
         }
         return cls(**(quick | overrides))

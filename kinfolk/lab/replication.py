@@ -152,6 +152,7 @@ def run_families(
         "families": [r["family_seed"] for r in records],
         "families_below_threshold": below,
         "threshold_pass_rate": _rounded(1 - len(below) / len(records)) if records else None,
+        "threshold_margins": threshold_margins(records),
         "settings": settings,
         "endpoints": {e.name: summarise_endpoint(e, [list(e.value(r)) for r in records]) for e in endpoints},
         "seconds": round(time.perf_counter() - start, 1),
@@ -159,6 +160,19 @@ def run_families(
     }
     write_json(out / RESULTS_FILE, results)
     return results
+
+
+def threshold_margins(records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per family build check ("model skill metric"), each family's margin over its threshold (negative: missed).
+
+    >>> threshold_margins([{"family_checks": [{"model": "m", "skill": "s", "metric": "acc", "margin": 0.2}]}])
+    {'m s acc': [0.2]}
+    """
+    margins: dict[str, list[float]] = {}
+    for record in records:
+        for check in record["family_checks"]:
+            margins.setdefault(f"{check['model']} {check['skill']} {check['metric']}", []).append(check["margin"])
+    return margins
 
 
 def _say(experiment: str, message: str, progress: bool) -> None:

@@ -79,6 +79,7 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"{round((results.get('threshold_pass_rate') or 0) * len(families))} of {len(families)}; "
         f"{results['seconds'] / 60:.0f} min.",
         "",
+        *_margins_line(results),
         "Primary endpoints (declared before the runs; per-family values are paired differences):",
         "",
         endpoint_table(results, primary=True),
@@ -88,6 +89,18 @@ def results_markdown(results: dict[str, Any]) -> str:
         endpoint_table(results, primary=False),
     ]
     return "\n".join(lines)
+
+
+def _margins_line(results: dict[str, Any]) -> list[str]:
+    margins = results.get("threshold_margins") or {}
+    if not margins:
+        return []
+    smallest = min(margins.items(), key=lambda item: min(item[1]))
+    return [
+        f"Smallest margin over a build threshold: {min(smallest[1]):+.2f} ({smallest[0]}); every check's margin per "
+        "family is in the JSON (`threshold_margins`).",
+        "",
+    ]
 
 
 def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_DIR) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import atomic_file, check_destination, write_json
+from kinfolk.errors import InputError
 from kinfolk.lab.family import Family, LabConfig, build_family
 
 
@@ -40,6 +41,8 @@ def run_over_seeds(
 ) -> dict[str, Any]:
     """Build (or load) the family, call `run_seed(family, seed)` for seeds 0…`seeds`−1, summarise, and write
     `results.json` and `results.md` (the `markdown` sections plus the run time) under `out`."""
+    if seeds < 1:  # before the family build, which takes minutes
+        raise InputError(f"--seeds must be at least 1, got {seeds}")
     out = check_destination(out, overwrite)
     start = time.perf_counter()
     family = build_family(family_config, cache_dir=cache_dir, progress=progress)

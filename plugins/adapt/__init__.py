@@ -6,6 +6,7 @@ atomically renamed output (`execute`). `cosine` compares two deltas (a diagnosti
 is `kinfolk merge <op> CONFIG.yaml --out DIR` (`kinfolk.commands.merge`).
 """
 
+from kinfolk.errors import TeacherMismatchError
 from kinfolk.plugins.adapt.api import merge
 from kinfolk.plugins.adapt.checkpoint import (
     Checkpoint,
@@ -45,6 +46,7 @@ __all__ = [
     "MergeError",
     "MergePlan",
     "PatchConfig",
+    "TeacherMismatchError",
     "TensorMismatchError",
     "build_plan",
     "delta_cosine",

@@ -14,7 +14,8 @@ shape b | apply-delta: tensor 'b' has shape (3,) in init but (4,) in delta (1 mi
 
 from __future__ import annotations
 
-import json
+import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,15 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from kinfolk.atomic import directory_fingerprint
-from kinfolk.errors import InputError
+from kinfolk.errors import CheckpointError, InputError, LayerMapMismatchError, TensorMismatchError
+from kinfolk.inputs import model_config, read_json
 from kinfolk.layout import ModelLayout, check_state_dict_layout, layout_from_config
-from kinfolk.plugins.adapt.layer_map import LayerMap
+from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
 from kinfolk.tensors import TensorReader
 
 Manifest = dict[str, tuple[tuple[int, ...], str]]
 DELTA_FILE = "adapt_delta.json"
+PROVENANCE_FILE = "kinfolk_merge.json"
 DELTA_FORMAT = "kinfolk-adapt-delta"
 
 # safetensors header dtype strings <-> torch dtypes
@@ -46,22 +49,6 @@ SAFETENSORS_DTYPES = {
     "BOOL": torch.bool,
 }
 DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
-
-
-class CheckpointError(InputError):
-    """An input directory that is not the kind of checkpoint the operation needs."""
-
-
-class TensorMismatchError(InputError):
-    """Two inputs whose tensors do not line up; `kind` is missing, extra, shape or dtype and `tensor` the name."""
-
-    def __init__(self, message: str, kind: str, tensor: str):
-        super().__init__(message)
-        self.kind, self.tensor = kind, tensor
-
-
-class LayerMapMismatchError(InputError):
-    """Inputs built on different layer maps (e.g. a delta from another layer selection)."""
 
 
 @dataclass
@@ -82,9 +69,8 @@ class Checkpoint:
         """A Hugging Face model directory (config.json plus safetensors weights) of a supported architecture."""
         path = _existing_directory(role, path)
         if not (path / "config.json").exists():
-            raise CheckpointError(f"{role}: {path} has no config.json, so it is not a model directory")
-        config = AutoConfig.from_pretrained(path)
-        return cls._open(role, path, config, delta_info=None)
+            raise CheckpointError(f"{role}: {path} has no config.json, so it is not a model directory", path=path)
+        return cls._open(role, path, lambda: model_config(path, role), delta_info=None)
 
     @classmethod
     def open_delta(cls, role: str, path: str | Path) -> Checkpoint:
@@ -94,32 +80,57 @@ class Checkpoint:
             raise CheckpointError(
                 f"{role}: {path} has no {DELTA_FILE}, so it is not a delta; make one with `kinfolk merge delta`"
             )
-        info = json.loads((path / DELTA_FILE).read_text())
-        if info.get("format") != DELTA_FORMAT:
+        info = read_json(path / DELTA_FILE, f"{role}'s delta record")
+        if not isinstance(info, dict) or info.get("format") != DELTA_FORMAT or "config" not in info:
+            found = info.get("format") if isinstance(info, dict) else type(info).__name__
             raise CheckpointError(
-                f"{role}: {path / DELTA_FILE} is not a kinfolk delta (format {info.get('format')!r})"
+                f"{role}: {path / DELTA_FILE} is not a kinfolk delta record (format {found!r})", path=path / DELTA_FILE
             )
-        config_values = dict(info["config"])
-        config = AutoConfig.for_model(config_values.pop("model_type"), **config_values)
-        return cls._open(role, path, config, delta_info=info)
+
+        def delta_config() -> PretrainedConfig:
+            config_values = dict(info["config"])
+            return AutoConfig.for_model(config_values.pop("model_type"), **config_values)
+
+        return cls._open(role, path, delta_config, delta_info=info)
 
     @classmethod
-    def _open(cls, role: str, path: Path, config: PretrainedConfig, delta_info: dict | None) -> Checkpoint:
+    def _open(cls, role: str, path: Path, load_config, delta_info: dict | None) -> Checkpoint:
+        """Open the weights' headers, config, layout and layer map; every error names `role` and the file."""
         try:
+            config = load_config()
             reader = TensorReader(path)
-        except FileNotFoundError as error:
-            raise CheckpointError(f"{role}: {error}") from None
-        manifest = reader.manifest()
-        try:
+            manifest = reader.manifest()
             layout = layout_from_config(config)
             check_state_dict_layout(layout, manifest)
-        except ValueError as error:
-            raise type(error)(f"{role} ({path}): {error}") from None
-        if delta_info is not None:
-            layer_map = LayerMap.from_dict(delta_info["layer_map"]) if delta_info.get("layer_map") else None
-        else:
-            layer_map = LayerMap.find(path)
+            if delta_info is not None:
+                layer_map = LayerMap.from_dict(delta_info["layer_map"]) if delta_info.get("layer_map") else None
+            else:
+                layer_map = LayerMap.find(path)
+        except InputError as error:
+            message = str(error) if str(error).startswith(f"{role}") else f"{role} ({path}): {error}"
+            raise _same_kind(error, message) from None
+        except (FileNotFoundError, ValueError) as error:  # the libraries' own refusals, e.g. a delta's config
+            raise CheckpointError(f"{role} ({path}): {error}", path=path) from None
         return cls(role, path, reader, manifest, config, layout, layer_map, delta_info)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """`input_fingerprint` of this input's directory (computed once: patching checks it, provenance records it)."""
+        return input_fingerprint(self.path)
+
+    def recorded_teacher_fingerprint(self) -> tuple[str | None, Path | None]:
+        """The fingerprint of the teacher this student was made from, and the file that records it: its layer map
+        (written by init-student, kept by distillation, apply-delta and patch), else the `kinfolk_merge.json` of an
+        init-student output made before layer maps carried it."""
+        if self.layer_map is not None and self.layer_map.teacher_fingerprint:
+            return self.layer_map.teacher_fingerprint, self.path / LAYER_MAP_FILE
+        provenance = self.path / PROVENANCE_FILE
+        if provenance.is_file():
+            record = read_json(provenance, f"{self.role}'s merge record")
+            teacher = record.get("inputs", {}).get("teacher", {}) if record.get("op") == "init-student" else {}
+            if teacher.get("fingerprint"):
+                return teacher["fingerprint"], provenance
+        return None, None
 
     def layer_tensors(self, layer: int) -> list[str]:
         """Names of the tensors of decoder layer `layer`."""
@@ -147,8 +158,16 @@ def input_fingerprint(path: str | Path) -> str:
 def _existing_directory(role: str, path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"{role}: {path} is not a directory")
+        problem = "is a file, not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(f"{role}: {path} {problem}", path=path)
     return path
+
+
+def _same_kind(error: InputError, message: str) -> InputError:
+    """A copy of `error` (same type, path and details) with another message."""
+    renamed = copy.copy(error)
+    renamed.args = (message,)
+    return renamed
 
 
 def compare_manifests(

@@ -22,11 +22,11 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import yaml
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 from transformers.utils.hub import convert_file_size_to_int
 
 from kinfolk.errors import InputError
@@ -98,7 +98,9 @@ class InitStudentConfig(MergeConfig):
 
     op: ClassVar[str] = "init-student"
     teacher: str = field(metadata={"help": "teacher model directory"})
-    layers: LayerSelection = field(
+    # Parsed by the selection itself, not field by field by pydantic (which would read `first: true` as 1 and
+    # `layers: [0, "2"]` as [0, 2]), so its own checks name the offending key.
+    layers: Annotated[LayerSelection, BeforeValidator(LayerSelection.from_dict)] = field(
         metadata={"help": "which teacher layers to keep: {every: n, first: k, last: k} or {layers: [..]}"}
     )
 
@@ -149,6 +151,14 @@ class PatchConfig(MergeConfig):
     num_patched: int | None = field(default=None, metadata={"help": "how many student layers to patch, in `order`"})
     patched_layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "explicit student layers to patch (instead of order + num_patched)"}
+    )
+    # The teacher must be the one the student was initialised from (its fingerprint, recorded by init-student).
+    allow_other_teacher: bool = field(
+        default=False,
+        metadata={
+            "help": "patch with a teacher whose fingerprint differs from the one recorded when the student was "
+            "initialised (the same model re-saved, or a deliberate cross-patch); stated in the output's provenance"
+        },
     )
 
     def __post_init__(self):
@@ -210,7 +220,10 @@ def parse_config(cls: type, values: dict[str, Any]) -> Any:
     try:
         return TypeAdapter(cls).validate_python(values)
     except ValidationError as error:
-        raise _field_error(cls, error.errors()[0]) from None
+        errors = error.errors()
+        # an unknown field first: a misspelt field is otherwise reported as the real one missing
+        unknown = [item for item in errors if item["type"] in ("unexpected_keyword_argument", "extra_forbidden")]
+        raise _field_error(cls, (unknown or errors)[0]) from None
 
 
 def load_config(op: str, source: str | Path | dict[str, Any]) -> Any:
@@ -222,11 +235,22 @@ def load_config(op: str, source: str | Path | dict[str, Any]) -> Any:
         values = dict(source)
     else:
         if not Path(source).is_file():
-            raise MergeConfigError(f"{op}: config file {source} not found")
-        values = yaml.safe_load(Path(source).read_text()) or {}
+            raise MergeConfigError(f"{op}: config file {source} not found", path=source)
+        try:
+            values = yaml.safe_load(Path(source).read_text()) or {}
+        except yaml.YAMLError as error:
+            reason = " ".join(str(error).split())
+            raise MergeConfigError(f"{op}: {source} is not valid YAML ({reason})", path=source) from None
         if not isinstance(values, dict):
-            raise MergeConfigError(f"{op}: {source} must hold a YAML mapping of fields, got {type(values).__name__}")
+            raise MergeConfigError(
+                f"{op}: {source} must hold a YAML mapping of fields, got {type(values).__name__}", path=source
+            )
     named = values.pop("op", op)
     if named != op:
         raise MergeConfigError(f"{op}: the config is for another operation (op: {named!r})")
-    return parse_config(known[op], values)
+    try:
+        return parse_config(known[op], values)
+    except MergeConfigError as error:
+        if isinstance(source, dict):
+            raise
+        raise MergeConfigError(f"{source}: {error}", path=source) from None

@@ -42,9 +42,10 @@ class ModelCost:
         raise InputError(f"unknown cost kind {kind!r}; choose one of {', '.join(COST_KINDS)}")
 
 
-def model_cost(directory: str | Path) -> ModelCost:
-    """The cost figures of the model in `directory` (config.json and safetensors headers only)."""
-    checkpoint = Checkpoint.open_model("model", directory)
+def model_cost(directory: str | Path, role: str = "model") -> ModelCost:
+    """The cost figures of the model in `directory` (config.json and safetensors headers only); `role` names it in
+    errors."""
+    checkpoint = Checkpoint.open_model(role, directory)
     sizes = {name: math.prod(shape) for name, (shape, _) in checkpoint.manifest.items()}
     embeddings = f"{checkpoint.layout.embeddings}.weight"
     head_saved = f"{checkpoint.layout.lm_head}.weight" in sizes

@@ -22,22 +22,17 @@ from tqdm.auto import tqdm
 
 from kinfolk import __version__
 from kinfolk.atomic import atomic_directory, check_destination, write_json
-from kinfolk.errors import InputError
-from kinfolk.plugins.adapt.checkpoint import SAFETENSORS_DTYPES, Checkpoint, input_fingerprint
+from kinfolk.errors import MergeError
+from kinfolk.plugins.adapt.checkpoint import PROVENANCE_FILE, SAFETENSORS_DTYPES, Checkpoint
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 from kinfolk.plugins.adapt.plan import MergePlan, ModelPlan, PlannedTensor
 from kinfolk.tensors import INDEX_FILE, ShardedWriter
 
-PROVENANCE_FILE = "kinfolk_merge.json"
 FAMILY_FILE = "family.json"
 # Files of the config donor that are not copied: weights (the merge writes its own), the config (rewritten) and
 # kinfolk's own records of the donor's history.
 _NOT_COPIED = ("*.safetensors", INDEX_FILE, "*.bin", "*.bin.index.json", "*.pt", "*.pth", "*.gguf", "*.h5")
 _REWRITTEN = {"config.json", LAYER_MAP_FILE, PROVENANCE_FILE, FAMILY_FILE, "adapt_delta.json", "README.md"}
-
-
-class MergeError(InputError):
-    """A tensor the plan cannot compute (e.g. an integer tensor in a weighted sum)."""
 
 
 def materialise(tensor: PlannedTensor, inputs: dict[str, Checkpoint]) -> torch.Tensor:
@@ -98,7 +93,10 @@ class _Background:
 
     def __init__(self, inputs: dict[str, Checkpoint]):
         self._hashing_pool, self._flushing_pool = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
-        self._hashes = {role: self._hashing_pool.submit(input_fingerprint, cp.path) for role, cp in inputs.items()}
+        self._hashes = {
+            role: self._hashing_pool.submit(lambda checkpoint: checkpoint.fingerprint, cp)
+            for role, cp in inputs.items()
+        }
         self._flushes = []
 
     def flush_soon(self, path: Path) -> None:

@@ -21,16 +21,20 @@ PlannedTensor(lm_head.weight = init[lm_head.weight] + 0.5·delta[lm_head.weight]
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
 
+from kinfolk.errors import LayerMapMismatchError, TeacherMismatchError
 from kinfolk.layout import UnsupportedArchitectureError, select_layers_config
 from kinfolk.plugins.adapt.checkpoint import (
     DELTA_FORMAT,
     DTYPE_NAMES,
+    PROVENANCE_FILE,
     Checkpoint,
     compare_manifests,
     same_layer_map,
@@ -44,7 +48,7 @@ from kinfolk.plugins.adapt.config import (
     MergeConfigError,
     PatchConfig,
 )
-from kinfolk.plugins.adapt.layer_map import LayerMap, LayerMapError
+from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap, LayerMapError
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,9 @@ def plan_init_student(config: InitStudentConfig) -> MergePlan:
     try:
         layer_map = config.layers.resolve(teacher.layout.num_layers)
     except LayerMapError as error:
-        raise MergeConfigError(f"init-student: field 'layers': {error}") from None
+        raise MergeConfigError(f"init-student: field 'layers': {error} (teacher {teacher.path})") from None
+    # Recorded with the student, so that patching can later check it is given this very teacher.
+    layer_map = dataclasses.replace(layer_map, teacher_fingerprint=teacher.fingerprint)
     student_index = {teacher_layer: index for index, teacher_layer in enumerate(layer_map.kept_layers)}
     tensors = []
     for name, (shape, dtype) in teacher.manifest.items():
@@ -225,10 +231,10 @@ def plan_interpolate(config: InterpolateConfig) -> MergePlan:
 # Patching
 
 
-def _patch_inputs(config: PatchConfig) -> tuple[Checkpoint, Checkpoint, LayerMap]:
+def _patch_inputs(config: PatchConfig) -> tuple[Checkpoint, Checkpoint, LayerMap, dict[str, Any]]:
     teacher = Checkpoint.open_model("teacher", config.teacher)
     student = Checkpoint.open_model("student", config.student)
-    layer_map = LayerMap.load(config.layer_map) if config.layer_map else student.layer_map
+    layer_map = _patch_layer_map(config, student)
     if layer_map is None:
         raise MergeConfigError(
             f"patch: the student {student.path} has no adapt_layer_map.json; set layer_map: to the map it was "
@@ -266,7 +272,56 @@ def _patch_inputs(config: PatchConfig) -> tuple[Checkpoint, Checkpoint, LayerMap
     teacher_ends = {name: teacher.manifest[name] for name in teacher.non_layer_tensors()}
     student_ends = {name: student.manifest[name] for name in student.non_layer_tensors()}
     compare_manifests("patch", "teacher", teacher_ends, "student", student_ends, config.strict_dtypes)
-    return teacher, student, layer_map
+    # Last, as it reads the whole teacher (the structural checks above name a wrong input more precisely).
+    return teacher, student, layer_map, check_teacher(config, teacher, student, layer_map)
+
+
+def _patch_layer_map(config: PatchConfig, student: Checkpoint) -> LayerMap | None:
+    """The configured layer map, which must be the student's own when the student has one."""
+    if not config.layer_map:
+        return student.layer_map
+    given = LayerMap.load(config.layer_map)
+    if student.layer_map is None:
+        return given  # the file stands in for the map the student lacks
+    if given != student.layer_map:
+        raise LayerMapMismatchError(
+            f"patch: field 'layer_map' {config.layer_map} ({given.describe()}) is not the layer map the student "
+            f"{student.path} was made with ({student.layer_map.describe()}, in its {LAYER_MAP_FILE}); leave "
+            "layer_map unset to use the student's own",
+            path=config.layer_map,
+        )
+    return student.layer_map
+
+
+def check_teacher(config: PatchConfig, teacher: Checkpoint, student: Checkpoint, layer_map: LayerMap) -> dict:
+    """Refuse a teacher other than the one the student was initialised from, unless `allow_other_teacher`.
+
+    The fingerprint recorded at init-student (in the student's layer map, or an init-student output's
+    `kinfolk_merge.json`) is compared with the given teacher's. Returns what was checked, for the provenance.
+    """
+    recorded, source = student.recorded_teacher_fingerprint()
+    if recorded is None and layer_map.teacher_fingerprint:
+        recorded, source = layer_map.teacher_fingerprint, Path(config.layer_map)
+    actual = teacher.fingerprint
+    check = {"recorded": recorded, "recorded_in": str(source) if source else None, "teacher": actual}
+    if recorded == actual:
+        return {**check, "result": "match"}
+    if config.allow_other_teacher:
+        return {**check, "result": "overridden by allow_other_teacher"}
+    override = "set allow_other_teacher: true to patch anyway (stated in the output's provenance)"
+    if recorded is None:
+        raise TeacherMismatchError(
+            f"patch: the student {student.path} records no teacher fingerprint (no teacher_fingerprint in its "
+            f"{LAYER_MAP_FILE} and no init-student {PROVENANCE_FILE}), so the teacher {teacher.path} cannot be "
+            f"checked; {override}",
+            path=student.path,
+        )
+    raise TeacherMismatchError(
+        f"patch: the teacher {teacher.path} ({actual}) is not the teacher the student {student.path} was "
+        f"initialised from ({recorded}, recorded in {source}); if it is the same model re-saved, or a cross-patch "
+        f"is intended, {override}",
+        path=teacher.path,
+    )
 
 
 def patched_sets(config: PatchConfig, num_student_layers: int, all_sizes: bool) -> list[tuple[int, ...]]:
@@ -296,7 +351,12 @@ def patched_sets(config: PatchConfig, num_student_layers: int, all_sizes: bool) 
 
 
 def _patched_model(
-    config: PatchConfig, teacher: Checkpoint, student: Checkpoint, layer_map: LayerMap, patched: tuple[int, ...]
+    config: PatchConfig,
+    teacher: Checkpoint,
+    student: Checkpoint,
+    layer_map: LayerMap,
+    patched: tuple[int, ...],
+    teacher_check: dict[str, Any],
 ) -> ModelPlan:
     layout = teacher.layout
     sources = {"teacher": teacher, "student": student}
@@ -354,24 +414,27 @@ def _patched_model(
         "embeddings_from": front,
         "head_from": back,
         "tied_embeddings": layout.tied_embeddings and not untie,
+        "teacher_check": teacher_check,
     }
     return ModelPlan(
         tensors,
         model_config,
         "teacher",
         # The patched model is itself a student of the teacher: a patched block is a run of one-layer blocks.
-        LayerMap(layer_map.teacher_num_layers, tuple(blocks), {"patched_from": list(layer_map.blocks)}),
+        LayerMap(
+            layer_map.teacher_num_layers, tuple(blocks), {"patched_from": list(layer_map.blocks)}, teacher.fingerprint
+        ),
         summary=summary,
     )
 
 
 def plan_patch(config: PatchConfig, all_sizes: bool = False) -> MergePlan:
-    teacher, student, layer_map = _patch_inputs(config)
+    teacher, student, layer_map, teacher_check = _patch_inputs(config)
     models = []
     sets = patched_sets(config, layer_map.num_student_layers, all_sizes)
     width = len(str(layer_map.num_student_layers))
     for patched in sets:
-        model = _patched_model(config, teacher, student, layer_map, patched)
+        model = _patched_model(config, teacher, student, layer_map, patched, teacher_check)
         if all_sizes:
             model.subdir = f"k{len(patched):0{width}d}"
         models.append(model)

@@ -4,7 +4,7 @@ TRL's scripts take LoRA as `--use_peft --lora_r 16 ...` (its `ModelConfig`); an 
 `--use_atlas --atlas_retained_dataset gsm8k.jsonl --atlas_layers 17 --atlas_r 16 --atlas_residual atlas
 --atlas_regions 16`, or the same keys in the YAML config. `peft_config()` gives the `AtlasConfig` for the trainer's
 `peft_config=`; `fit(model, tokenizer)` fills the atlas from the retained data before training. `kinfolk sft` takes
-these options through its extension hooks (`sft_peft_config`, `sft_prepare`), so an ATLAS run is one command:
+these options through its extension hooks (`sft_peft_config`, `sft_check`, `sft_prepare`), so an ATLAS run is one command:
 
     kinfolk sft --config run.yaml   # run.yaml: model, dataset, SFT options, use_atlas: true, atlas_* keys
 
@@ -17,8 +17,9 @@ these options through its extension hooks (`sft_peft_config`, `sft_prepare`), so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from kinfolk.errors import InputError
 from kinfolk.plugins.atlas.config import ATLAS_DTYPES, RESIDUALS, AtlasConfig
 
 
@@ -74,17 +75,17 @@ class AtlasArguments:
     def retained_dataset(self, fallback: str | None = None, fallback_split: str = "train"):
         """The retained rows, loaded as `kinfolk sft` loads its data (Hub name, folder, `save_to_disk` folder or a
         single file); `fallback` (e.g. the Replay/Output-KL `retained_dataset_name`) when none is set."""
-        from kinfolk.data import load_splits
+        from kinfolk.data import load_data
 
         name, split = self.atlas_retained_dataset, self.atlas_retained_split
         if name is None:
             name, split = fallback, fallback_split
         if name is None:
-            raise ValueError(
+            raise InputError(
                 "--use_atlas needs retained data to fit the atlas on: --atlas_retained_dataset (or the Replay/"
                 "Output-KL --retained_dataset_name, which it then shares, as in the paper)"
             )
-        dataset = load_splits(name, self.atlas_retained_config, split=split)[split]
+        dataset = load_data(name, split, self.atlas_retained_config)
         if self.atlas_retained_samples is not None:
             dataset = dataset.select(range(min(self.atlas_retained_samples, len(dataset))))
         return dataset
@@ -110,15 +111,29 @@ def sft_peft_config(options: AtlasArguments, model_args=None) -> AtlasConfig | N
     return options.peft_config() if options.use_atlas else None
 
 
-def sft_prepare(options: AtlasArguments, trainer) -> None:
-    """`kinfolk sft` hook: fit the atlas on the built trainer's model before training, on `--atlas_retained_dataset`
-    or else the trainer's `--retained_dataset_name`. Every process fits the same atlas from the same data (DDP's
-    start-up broadcast would align them anyway). The plain residual ignores the atlas and may run without data."""
+def _retained_for_sft(options: AtlasArguments, args) -> Any:
+    """The retained rows an ATLAS run of `kinfolk sft` fits on: `--atlas_retained_dataset` or else the trainer's
+    `--retained_dataset_name`; None without `--use_atlas`, or for the plain residual (which ignores the atlas and
+    may run without data) when neither is given."""
     if not options.use_atlas:
-        return
-    args = trainer.args
+        return None
     fallback = getattr(args, "retained_dataset_name", None)
     if options.atlas_residual == "plain" and options.atlas_retained_dataset is None and fallback is None:
-        return
-    retained = options.retained_dataset(fallback, getattr(args, "retained_dataset_split", "train"))
-    options.fit(trainer.model, trainer.processing_class, trainer.accelerator.is_local_main_process, retained)
+        return None
+    return options.retained_dataset(fallback, getattr(args, "retained_dataset_split", "train"))
+
+
+def sft_check(options: AtlasArguments, args) -> None:
+    """`kinfolk sft` hook, before the model loads: the adapter's options are valid and the retained data the atlas
+    needs is given and readable, with rows (refused then, not after the model is built)."""
+    if options.use_atlas:
+        options.peft_config()
+    _retained_for_sft(options, args)
+
+
+def sft_prepare(options: AtlasArguments, trainer) -> None:
+    """`kinfolk sft` hook: fit the atlas on the built trainer's model before training (`_retained_for_sft`). Every
+    process fits the same atlas from the same data (DDP's start-up broadcast would align them anyway)."""
+    retained = _retained_for_sft(options, trainer.args)
+    if retained is not None:
+        options.fit(trainer.model, trainer.processing_class, trainer.accelerator.is_local_main_process, retained)

@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 from peft.config import PeftConfig
 
+from kinfolk.errors import AdapterConfigError
 from kinfolk.peft_types import extend_peft_type
+from kinfolk.plugins.atlas.saved import check_saved_adapter
 
 # Residual variants in the order of the paper's Table 14, then the full method (see layer.py for the equations).
 RESIDUALS = ("plain", "centered", "distance_scaled", "pca_scaled", "input_filter", "output_filter", "atlas")
@@ -104,18 +107,28 @@ class AtlasConfig(PeftConfig):
             set(self.exclude_modules) if isinstance(self.exclude_modules, list) else self.exclude_modules
         )
         if isinstance(self.target_modules, str) and self.layers_to_transform is not None:
-            raise ValueError("`layers_to_transform` cannot be used when `target_modules` is a regex string")
+            raise AdapterConfigError("`layers_to_transform` cannot be used when `target_modules` is a regex string")
         if self.residual not in RESIDUALS:
-            raise ValueError(
+            raise AdapterConfigError(
                 f"residual={self.residual!r} is not an ATLAS variant; choose one of {', '.join(RESIDUALS)}"
             )
         if self.atlas_dtype not in ATLAS_DTYPES:
-            raise ValueError(f"atlas_dtype={self.atlas_dtype!r}; choose one of {', '.join(ATLAS_DTYPES)}")
+            raise AdapterConfigError(f"atlas_dtype={self.atlas_dtype!r}; choose one of {', '.join(ATLAS_DTYPES)}")
         for name in ("r", "num_regions", "num_directions"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                raise AdapterConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.routing_temperature > 0:
-            raise ValueError(f"routing_temperature must be > 0, got {self.routing_temperature!r}")
+            raise AdapterConfigError(f"routing_temperature must be > 0, got {self.routing_temperature!r}")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs):
+        """PEFT's loader, plus a check of a local adapter's weights against this config (`saved.py`): an edited
+        `r` / `num_regions` / `num_directions` or a truncated file is named before PEFT builds anything."""
+        config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
+        directory = Path(pretrained_model_name_or_path) / (subfolder or "")
+        if isinstance(config, AtlasConfig) and directory.is_dir():
+            check_saved_adapter(directory, config.r, config.num_regions, config.num_directions)
+        return config
 
     @property
     def torch_atlas_dtype(self) -> torch.dtype:

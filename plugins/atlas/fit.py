@@ -31,6 +31,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 
+from kinfolk.errors import EmptyDatasetError
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, squared_distances
 from kinfolk.plugins.atlas.layer import AtlasLayer, route
 
@@ -114,7 +115,9 @@ def fit_atlas(
     with _frozen(model), _capture(layers) as captured:
         for index in range(passes):
             phase = next(iter(kmeans.values())).phase
+            seen = 0
             for batch in _progress(batches, progress, f"atlas fit pass {index + 1}/{passes} ({phase})"):
+                seen += 1
                 batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
                 keep = _token_mask(batch, mask_prompt)
                 captured.clear()
@@ -124,6 +127,8 @@ def fit_atlas(
                     if name not in captured:
                         raise RuntimeError(f"the forward pass never reached the adapted module {name}")
                     km.observe(_select_tokens(captured[name], keep))
+            if index == 0:
+                _check_tokens_seen(seen, next(iter(kmeans.values())).rows_seen, mask_prompt)
             for km in kmeans.values():
                 km.end_pass()
     region_tokens = {}
@@ -187,6 +192,17 @@ def _median_gap(sample: torch.Tensor, centers: torch.Tensor) -> float:
     two = squared_distances(sample, centers).topk(2, dim=1, largest=False).values
     gap = float((two[:, 1] - two[:, 0]).median())
     return gap if gap > 0 else 1.0
+
+
+def _check_tokens_seen(batches: int, tokens: int, mask_prompt: bool) -> None:
+    """Refuse retained data that gave the k-means nothing to fit, before it fails on empty statistics."""
+    if batches == 0:
+        raise EmptyDatasetError("the retained data gave no batches: the dataset or data loader is empty")
+    if tokens == 0:
+        masked = (
+            " (mask_prompt=True dropped every prompt token and no completion token is left)" if mask_prompt else ""
+        )
+        raise EmptyDatasetError(f"the retained data's {batches} batches hold no real token{masked}")
 
 
 def _active_adapter(model: nn.Module) -> str:

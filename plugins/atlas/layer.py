@@ -72,6 +72,7 @@ from peft.tuners._buffer_dict import BufferDict
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
+from kinfolk.errors import AdapterConfigError
 from kinfolk.plugins.atlas.config import AtlasConfig
 
 _EPS = 1e-12
@@ -115,6 +116,11 @@ class AtlasLayer(BaseTunerLayer):
 
     def update_layer(self, adapter_name: str, config: AtlasConfig, **kwargs) -> None:
         r, regions = int(config.r), int(config.num_regions)
+        if r > max(self.in_features, self.out_features):
+            raise AdapterConfigError(
+                f"r={r} is larger than the module's widths ({self.in_features} in, {self.out_features} out): the "
+                f"residual B·tanh(A·h) is meant to be narrow; use r <= {max(self.in_features, self.out_features)}"
+            )
         p_in = min(int(config.num_directions), self.in_features)
         p_out = min(int(config.num_directions), self.out_features)
         weight = self.get_base_layer().weight

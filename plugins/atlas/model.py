@@ -20,9 +20,11 @@ from typing import ClassVar
 from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
 from torch import nn
 
+from kinfolk.errors import AdapterBaseMismatchError, AdapterConfigError, AdapterConfigMismatchError
 from kinfolk.layout import UnsupportedArchitectureError, layout_from_config
 from kinfolk.plugins.atlas.config import DEFAULT_RELATIVE_DEPTH, AtlasConfig
 from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS, AtlasLayer, AtlasLinear
+from kinfolk.plugins.atlas.saved import config_mismatch
 
 
 class AtlasModel(BaseTuner):
@@ -43,16 +45,19 @@ class AtlasModel(BaseTuner):
     def _create_and_replace(
         self, atlas_config, adapter_name, target, target_name, parent, current_key, **optional_kwargs
     ) -> None:
-        if isinstance(target, AtlasLinear):
-            target.update_layer(adapter_name, atlas_config)
-            return
         base = target.get_base_layer() if isinstance(target, BaseTunerLayer) else target
         if not isinstance(base, nn.Linear):
             raise TypeError(
                 f"ATLAS adapts torch.nn.Linear modules only; {current_key} is a {type(base).__name__}. Narrow "
                 f"target_modules."
             )
-        new_module = AtlasLinear(target, adapter_name, atlas_config)
+        try:
+            if isinstance(target, AtlasLinear):
+                target.update_layer(adapter_name, atlas_config)
+                return
+            new_module = AtlasLinear(target, adapter_name, atlas_config)
+        except AdapterConfigError as error:
+            raise AdapterConfigError(f"{current_key}: {error}") from None
         if adapter_name not in self.active_adapters:
             new_module.requires_grad_(False)
         self._replace_module(parent, target_name, new_module, target)
@@ -83,7 +88,15 @@ class AtlasModel(BaseTuner):
             if key in expected and tuple(expected[key].shape) != tuple(value.shape)
         ]
         if mismatched:
-            raise ValueError(
+            problem = config_mismatch(
+                {key: value.shape for key, value in remapped.items()},
+                config.r,
+                config.num_regions,
+                config.num_directions,
+            )
+            if problem is not None:  # the adapter disagrees with its own config, whatever the base
+                raise AdapterConfigMismatchError(problem)
+            raise AdapterBaseMismatchError(
                 f"this ATLAS adapter was trained and fitted on a base model of another width: {len(mismatched)} "
                 f"adapter tensors do not fit the modules they load into ({'; '.join(mismatched[:3])}). Load it onto the "
                 f"base model it was made for (adapter_config.json: base_model_name_or_path="

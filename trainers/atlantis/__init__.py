@@ -9,6 +9,7 @@ line is `kinfolk score`.
 from kinfolk.trainers.atlantis.config import FORMULAS, NORMALIZATIONS, ROLES, ScoreConfig, WeightConfig
 from kinfolk.trainers.atlantis.diagnostics import compare_weights, format_report, weight_report, write_report
 from kinfolk.trainers.atlantis.pipeline import score_dataset
+from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
 from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, score_model
 from kinfolk.trainers.atlantis.selection import ifd_scores, select_top_fraction
 from kinfolk.trainers.atlantis.weights import compute_weights
@@ -21,6 +22,7 @@ __all__ = [
     "ScoreConfig",
     "ScoringError",
     "WeightConfig",
+    "check_scoring_inputs",
     "compare_weights",
     "compute_weights",
     "format_report",

@@ -3,18 +3,26 @@
 A cache directory is named by `fingerprint(model, dataset, template, run options)`; each chunk of rows is one
 `.npz` written atomically, so a killed run leaves only whole chunks and the next run computes only the chunks
 that are missing. Processes of a multi-process run each write their own chunks into the same directory.
+Opening a cache removes the staging files of writers that died; a chunk that cannot be read back (truncated by a
+full disk or a copy, or holding other rows than the plan's) is discarded with a warning naming it, and its rows
+are scored again.
 
 >>> import tempfile, numpy as np
 >>> cache = ScoreCache(tempfile.mkdtemp(), "0123abcd", {"role": "small_base"})
 >>> cache.write(3, rows=np.array([5, 1]), logprob=np.array([-2.5, -1.0]), tokens=np.array([4, 2]))
 >>> cache.read(3)["logprob"].tolist(), cache.read(0)
 ([-2.5, -1.0], None)
+>>> cache.read(3, expected_rows=[1, 2]) is None  # another plan's chunk: discarded
+True
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +31,9 @@ import pyarrow as pa
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from kinfolk.atomic import atomic_file, file_sha256, fingerprint, write_json
+from kinfolk.atomic import atomic_file, clean_dead_staging, file_sha256, fingerprint, write_json
+
+logger = logging.getLogger(__name__)
 
 # Bump when scoring semantics change, so old caches are not reused.
 SCORER_VERSION = 1
@@ -90,6 +100,7 @@ class ScoreCache:
     def __init__(self, root: str | Path, key: str, meta: dict[str, Any]):
         self.directory = Path(root) / key
         self.directory.mkdir(parents=True, exist_ok=True)
+        clean_dead_staging(self.directory)  # once here, rather than beside each chunk written
         meta_path = self.directory / "meta.json"
         if not meta_path.exists():
             write_json(meta_path, {"scorer_version": SCORER_VERSION, **meta})
@@ -97,16 +108,37 @@ class ScoreCache:
     def _path(self, chunk: int) -> Path:
         return self.directory / f"chunk-{chunk:06d}.npz"
 
-    def read(self, chunk: int) -> dict[str, np.ndarray] | None:
+    def read(self, chunk: int, expected_rows: Sequence[int] | None = None) -> dict[str, np.ndarray] | None:
+        """The chunk's arrays, or None when it is not cached or unusable (then it is deleted, with a warning)."""
         path = self._path(chunk)
         if not path.exists():
             return None
-        with np.load(path) as stored:
-            return {name: stored[name] for name in stored.files}
+        try:
+            with np.load(path) as stored:
+                arrays = {name: stored[name] for name in stored.files}
+            problem = _chunk_problem(arrays, expected_rows)
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as error:
+            problem = f"it cannot be read ({type(error).__name__}: {error})"
+        if problem is None:
+            return arrays
+        logger.warning("score cache chunk %s is unusable: %s; discarding it and scoring its rows again", path, problem)
+        path.unlink(missing_ok=True)
+        return None
 
     def write(self, chunk: int, **arrays: np.ndarray) -> None:
-        with atomic_file(self._path(chunk), mode="wb") as handle:
+        with atomic_file(self._path(chunk), mode="wb", clean=False) as handle:
             np.savez(handle, **arrays)
 
     def completed(self) -> list[int]:
+        """Chunks on disk (not checked: `read` checks each)."""
         return sorted(int(path.stem.split("-")[1]) for path in self.directory.glob("chunk-*.npz"))
+
+
+def _chunk_problem(arrays: dict[str, np.ndarray], expected_rows: Sequence[int] | None) -> str | None:
+    if not {"rows", "logprob"} <= set(arrays):
+        return f"it lacks rows / logprob (holds {sorted(arrays)})"
+    if arrays["rows"].shape != arrays["logprob"].shape:
+        return f"it has {arrays['rows'].shape} rows but {arrays['logprob'].shape} log-probs"
+    if expected_rows is not None and sorted(arrays["rows"].tolist()) != sorted(int(row) for row in expected_rows):
+        return "it holds other rows than this run's plan"
+    return None

@@ -134,9 +134,16 @@ class ScoreConfig(WeightConfig):
         default=8192,
         metadata={"help": "token budget of a padded batch (rows x longest row); batches are length-sorted."},
     )
-    chunk_rows: int = field(
-        default=1024,
-        metadata={"help": "rows per cached chunk: the unit of resumption and of work split across processes."},
+    chunk_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "padded tokens per cached chunk, the unit of resumption and of work split across processes "
+            "(an interrupted run loses at most one chunk per process); default: 1/128 of each model's tokens, "
+            "between 1,024 and 2,097,152."
+        },
+    )
+    chunk_rows: int | None = field(
+        default=None, metadata={"help": "also cap each cached chunk at this many rows (default: no cap)."}
     )
     cache_dir: str | None = field(
         default=None,
@@ -190,10 +197,10 @@ class ScoreConfig(WeightConfig):
         super().__post_init__()
         _check_choice("overlong", self.overlong, ("error", "skip"))
         _check_choice("ifd_model", self.ifd_model, ROLES)
-        if self.tokens_per_batch < 1 or self.chunk_rows < 1:
-            raise ValueError(
-                f"tokens_per_batch and chunk_rows must be positive, got {self.tokens_per_batch}, {self.chunk_rows}"
-            )
+        for name in ("tokens_per_batch", "chunk_tokens", "chunk_rows", "max_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
         if self.select_fraction is not None and not 0.0 < self.select_fraction <= 1.0:
             raise ValueError(f"select_fraction must be in (0, 1], got {self.select_fraction}")
 

@@ -1,8 +1,8 @@
 """`score_dataset`: a dataset in, the same dataset out with per-model scores and a weight column.
 
-Reads top to bottom: check the columns and responses → (optional) IFD selection → score each model in turn
-(one in memory at a time, cached per model) → response bytes → `compute_weights`. The weight step can be re-run
-on the result with other options, without any forward pass.
+Reads top to bottom: check the rows, columns and responses → pre-flight checks of the models and the cache →
+(optional) IFD selection → score each model in turn (one in memory at a time, cached per model) → response bytes
+→ `compute_weights`. The weight step can be re-run on the result with other options, without any forward pass.
 
 >>> import tempfile
 >>> from kinfolk.testing import TinyKit, prompt_completion_dataset
@@ -26,6 +26,7 @@ import numpy as np
 from accelerate import PartialState
 from datasets import Dataset
 
+from kinfolk.errors import EmptyDatasetError
 from kinfolk.tokens import response_bytes, response_text
 from kinfolk.trainers.atlantis.config import (
     RESPONSE_BYTES_COLUMN,
@@ -35,6 +36,7 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
+from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
 from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, process_state, score_model, text_columns
 from kinfolk.trainers.atlantis.selection import ifd_scores, response_only_dataset, select_top_fraction
 from kinfolk.trainers.atlantis.weights import compute_weights
@@ -103,19 +105,15 @@ def score_dataset(
     `accelerate launch` every process returns the same dataset.
     """
     config = resolve_config(ScoreConfig, config, options)
-    state = state or process_state()
-    models = {role: path for role, path in zip(ROLES, (large_base, small_base, reference)) if path is not None}
-    needed = set(config.roles) | ({config.ifd_model} if config.select_fraction else set())
-    missing = [role for role in ROLES if role in needed and role not in models]
-    if missing:
-        raise ValueError(
-            f"formula {config.formula!r}"
-            + (f" and IFD by {config.ifd_model}" if config.select_fraction else "")
-            + f" need the {', '.join(missing)} model(s); given: {', '.join(models) or 'none'}"
-        )
+    if len(dataset) == 0:
+        raise EmptyDatasetError("the dataset to score has no rows")
     stale = [name for name in output_columns(config) if name in dataset.column_names]
     scored = dataset.remove_columns(stale) if stale else dataset
     byte_counts = response_byte_counts(scored, config.dataset_text_field)
+    given = dict(zip(ROLES, (large_base, small_base, reference)))
+    check_scoring_inputs(given, config)  # before any forward pass: models, the formula's needs, the cache
+    state = state or process_state()
+    models = {role: path for role, path in given.items() if path is not None}
 
     precomputed: dict[str, ModelScores] = {}
     if config.select_fraction is not None:

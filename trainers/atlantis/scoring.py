@@ -37,10 +37,15 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kinfolk.atomic import fingerprint
-from kinfolk.errors import InputError
+from kinfolk.errors import EmptyDatasetError, ScoringError
 from kinfolk.logprobs import label_log_probs, pad_right
 from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
-from kinfolk.trainers.atlantis.batching import chunk_plan, chunks_for_process, token_budget_batches
+from kinfolk.trainers.atlantis.batching import (
+    chunk_plan,
+    chunk_token_budget,
+    chunks_for_process,
+    token_budget_batches,
+)
 from kinfolk.trainers.atlantis.cache import (
     ScoreCache,
     dataset_fingerprint,
@@ -54,10 +59,6 @@ logger = logging.getLogger(__name__)
 
 # Columns TRL's dataset preparation reads (besides the text field).
 TEXT_COLUMNS = ("prompt", "completion", "messages", "conversations", "tools", "chat_template_kwargs")
-
-
-class ScoringError(InputError):
-    """A row cannot be scored (overlong, nothing to score, non-finite result); the message names row and model."""
 
 
 @dataclass
@@ -241,13 +242,17 @@ def score_model(
 
     `after_chunk(chunk_index)` is called after each newly computed chunk is cached (used by tests to interrupt).
     """
+    if len(dataset) == 0:
+        raise EmptyDatasetError(f"the dataset to score with the {role} model {model_path} has no rows")
     state = state or process_state()
     model_path = str(model_path)
     columns = text_columns(dataset, config.dataset_text_field)
     text = dataset.select_columns(columns)
     sft_args = scoring_sft_args(dataset, config)
     rows = tokenize_rows(text, model_path, role, config, sft_args)
-    plan = chunk_plan(rows.lengths, config.chunk_rows, rows=np.flatnonzero(~rows.skipped))
+    scored_rows = np.flatnonzero(~rows.skipped)
+    budget = chunk_token_budget(int(rows.lengths[scored_rows].sum()), config.tokens_per_batch, config.chunk_tokens)
+    plan = chunk_plan(rows.lengths, config.chunk_rows, rows=scored_rows, chunk_tokens=budget)
     cache = None
     if config.use_cache:
         key = fingerprint(
@@ -257,7 +262,7 @@ def score_model(
             [str(dtype) for dtype in resolve_precision(config.dtype, state.device)],
             config.attn_implementation,
             rows.context,
-            config.chunk_rows,
+            ["chunks", budget, config.chunk_rows],
         )
         meta = {"role": role, "model": model_path, "rows": len(dataset), "chunks": len(plan)}
         cache = ScoreCache(config.cache_dir or default_cache_dir(), key, meta)
@@ -296,7 +301,7 @@ def _score_chunks(
     """This process's chunks: read from the cache when present, otherwise computed (then cached)."""
     results, pending = [], []
     for chunk in mine:
-        stored = cache.read(chunk) if cache is not None else None
+        stored = cache.read(chunk, expected_rows=plan[chunk]) if cache is not None else None
         if stored is None:
             pending.append(chunk)
         else:
