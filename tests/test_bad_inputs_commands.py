@@ -538,7 +538,7 @@ def no_family_build(monkeypatch):
         (["experiment", "atlantis", "--families", "0"], "--families must be at least 1, got 0"),
         (["experiment", "atlantis", "--families", "-2"], "--families must be at least 1, got -2"),
         (["experiment", "atlas", "--families", "0"], "--families must be at least 1, got 0"),
-        (["experiment", "adapt", "--seeds", "0"], "--seeds must be at least 1, got 0"),
+        (["experiment", "adapt", "--families", "0"], "--families must be at least 1, got 0"),
         (["experiment", "lora"], "choose an experiment"),
     ],
 )

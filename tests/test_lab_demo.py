@@ -44,8 +44,18 @@ def test_quick_demo_report_matches_its_saved_models(tmp_path, lab_cache_dir, cap
     for skill, value in results["lm_eval"]["large_base"].items():
         assert value == pytest.approx(results["family"]["scores"]["large_base"][skill]["accuracy"]), skill
 
-    # ADAPT: every patched size of each variant is a saved model of the reported depth
-    for entry in results["adapt"]["variants"].values():
-        for model in entry["models"].values():
-            config = json.loads((Path(model["path"]) / "config.json").read_text())
-            assert config["num_hidden_layers"] == model["layers"]
+    # ADAPT: every size of each variant's families is a saved model of the reported depth, and its reported
+    # accuracy is the evaluator's on the saved weights (the variant's format)
+    for variant, entry in results["adapt"]["transfer"].items():
+        for curve in entry["curves"].values():
+            for size in curve["chosen"]:
+                config = json.loads((Path(size["dir"]) / "config.json").read_text())
+                assert config["num_hidden_layers"] == size["layers"]
+        smallest = entry["curves"]["weight-delta"]["chosen"][0]
+        fmt = 2 if variant == "large_bracket" else 0
+        scores = skill_scores(AutoModelForCausalLM.from_pretrained(smallest["dir"]), tokenizer,
+                              ["copy", "reverse"], n, seed, fmt)  # fmt: skip
+        assert smallest["test"]["copy"] == scores["copy"]["accuracy"]
+    for method in ("distilled", "weight-delta"):
+        assert (out / f"adapt_routing_{method}.png").stat().st_size > 0
+        assert results["adapt"]["routing"][method]["fixed"]  # every fixed size measured beside the routings

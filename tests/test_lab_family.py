@@ -1,10 +1,12 @@
 """The lab's family build: deterministic per seed, cached by config hash, and (slow) the quick size passes."""
 
+from pathlib import Path
+
 import pytest
 from safetensors.torch import load_file
 
 from kinfolk.lab import family as lab_family
-from kinfolk.lab.family import MODELS, LabConfig, build_family, load_family
+from kinfolk.lab.family import MODELS, Family, LabConfig, build_family, load_family
 from kinfolk.lab.skills import SKILLS
 
 # A few steps of everything: the build's plumbing, not its skills.
@@ -60,6 +62,17 @@ def test_build_is_deterministic_per_seed(micro_family, tmp_path):
 def test_config_changes_change_the_cache_key():
     assert LabConfig().cache_key() != LabConfig(post_train_steps=1).cache_key()
     assert LabConfig().cache_key() == LabConfig().cache_key()
+
+
+def test_post_trained_skills_key_only_the_post_trained_models_and_only_when_set():
+    default, graded = LabConfig(), LabConfig(post_trained_skills=["copy", "reverse", "reverse_graded"])
+    assert LabConfig(post_trained_skills=["copy", "reverse"]).cache_key() == default.cache_key()
+    assert graded.cache_key() != default.cache_key()
+    for name in MODELS:
+        assert (graded.model_key(name) == default.model_key(name)) == (name in ("small_base", "large_base")), name
+    family = Family(Path("unused"), graded, {}, [], {})
+    assert set(family.instruct_data(30)["skill"]) == {"copy", "reverse", "reverse_graded"}
+    assert set(Family(Path("unused"), default, {}, [], {}).instruct_data(30)["skill"]) == {"copy", "reverse"}
 
 
 @pytest.mark.slow

@@ -9,6 +9,9 @@ import pytest
 
 from kinfolk.lab import corpus
 from kinfolk.lab.skills import (
+    ALL_SKILLS,
+    GRADED,
+    GRADED_LENGTHS,
     NOISE_MIXES,
     POOL_MIX,
     SKILLS,
@@ -67,7 +70,7 @@ def test_data_is_deterministic_per_seed_and_evaluation_prompts_never_train():
     assert corpus.pool_dataset(["add"], 30, 5).to_list() == corpus.pool_dataset(["add"], 30, 5).to_list()
     train_prompts = set(corpus.pretraining_dataset(2000, 0, shares)["prompt"])
     train_prompts |= set(corpus.pool_dataset(["add", "reverse"], 2000, 0)["prompt"])
-    for skill in SKILLS:
+    for skill in ALL_SKILLS:
         test_prompts = set(corpus.eval_problems(skill, 200)["prompt"])
         validation_prompts = set(corpus.eval_problems(skill, 200, split="validation")["prompt"])
         assert all(split_of(p) == "test" for p in test_prompts)
@@ -94,12 +97,23 @@ def test_noise_mixes_draw_only_their_kinds_with_known_density():
 
 def test_skills_solve_their_own_problems():
     rng = random.Random(0)
-    for skill in SKILLS.values():
+    for skill in ALL_SKILLS.values():
         for _ in range(20):
             prompt, answer = skill.sample(rng, "train")
             assert skill.solve(prompt) == answer
             assert answer not in skill.wrong(answer)
             assert len(set(skill.wrong(answer))) == len(skill.wrong(answer))
+
+
+def test_graded_reversal_draws_every_length_and_levels_are_the_lengths():
+    problems = corpus.eval_problems(GRADED, 300, split="validation")
+    lengths = Counter(len(prompt.removeprefix("rev ").removesuffix("=")) for prompt in problems["prompt"])
+    assert sorted(lengths) == list(range(GRADED_LENGTHS[0], GRADED_LENGTHS[1] + 1))
+    assert min(lengths.values()) > 30  # about 60 of each
+    skill = ALL_SKILLS[GRADED]
+    assert [skill.level(p) for p in ("rev ab=", "rev qwxyz=")] == [2, 5]
+    assert [skill.solve(p) for p in ("rev ab=", "rev qwxyz=")] == ["ba", "zyxwq"]
+    assert GRADED not in SKILLS  # not scored at every build, no lm-eval task
 
 
 def test_tokenizer_is_one_token_per_character():

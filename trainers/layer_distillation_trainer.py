@@ -8,10 +8,11 @@ LM head) it adds, over the same trained tokens,
     cosine_weight · Σ_i (1 − cos(h_i, g_i))           h_i: output of student layer i, g_i: output of the last
                                                       teacher layer of block i (from the layer map).
 
-Two phases, one schedule: `pretraining_dataset` (plain text, every token trained) is seen first and
-`train_dataset` (SFT data, response-only loss as SFTTrainer decides it) second, within one epoch and one
-continuous learning-rate schedule. Give only `train_dataset` for a single phase. The teacher is frozen, in eval
-mode and never wrapped for gradients.
+Two phases, one schedule (ADAPT §3.2): the first `pretraining_fraction` (0.5) of the `max_steps` optimiser steps
+draw from `pretraining_dataset`, whose every token is trained (CE, KL and block cosine at every position, prompt /
+completion rows included), the rest from `train_dataset` (SFT data, response tokens only, as SFTTrainer masks them),
+each phase passing over its rows as often as its steps need, under one continuous learning-rate schedule. Give only
+`train_dataset` for a single phase. The teacher is frozen, in eval mode and never wrapped for gradients.
 
 The name says what sets it apart from TRL's `DistillationTrainer`, which is on-policy (the student generates, then
 matches the teacher's output distribution): this one is teacher-forced on the dataset's tokens and aligns the
@@ -30,6 +31,7 @@ student's layers with the teacher's blocks, the recipe that turns a layer-droppe
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,13 +54,13 @@ from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 
-class _LayerOutputs:
+class LayerOutputs:
     """Records, during one forward pass, the outputs of chosen decoder layers and the final-norm output.
 
     A layer's output is read as the input of what comes next (the next layer, or the final norm for the last
     layer) through pre-hooks: those run outside gradient checkpointing's recomputed region, so the recorded
     tensors carry gradients whatever checkpointing mode is used. Only the first forward pass in a `record()`
-    block is kept.
+    block is kept. `remove()` takes the hooks off again (for a model that is measured, then used on).
     """
 
     def __init__(self, model: nn.Module, layers: list[int]):
@@ -67,10 +69,15 @@ class _LayerOutputs:
         modules = decoder_layers(base)
         final_norm = base.get_submodule(layout.final_norm)
         self.outputs: dict[Any, torch.Tensor] | None = None
+        self._handles = []
         for layer in layers:
             following = modules[layer + 1] if layer + 1 < len(modules) else final_norm
-            following.register_forward_pre_hook(self._keep_input(layer), with_kwargs=True)
-        final_norm.register_forward_hook(self._keep_output("final"))
+            self._handles.append(following.register_forward_pre_hook(self._keep_input(layer), with_kwargs=True))
+        self._handles.append(final_norm.register_forward_hook(self._keep_output("final")))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
     def _keep(self, key: Any, tensor: torch.Tensor) -> None:
         if self.outputs is not None and key not in self.outputs:
@@ -98,16 +105,16 @@ class _LayerOutputs:
 
 
 class PhaseSampler(Sampler[int]):
-    """All rows of phase 1 (shuffled), then all rows of phase 2 (shuffled), ...: the same order on every rank.
+    """`counts[i]` rows of phase i, phase after phase: passes over the phase's `sizes[i]` rows, each pass in a fresh
+    seeded order, cut at `counts[i]`. The same order on every rank (accelerate shards it into batches).
 
-    >>> sampler = PhaseSampler((3, 2), seed=0)
-    >>> order = list(sampler)
-    >>> sorted(order[:3]), sorted(order[3:])
-    ([0, 1, 2], [3, 4])
+    >>> order = list(PhaseSampler(sizes=(3, 2), counts=(4, 2), seed=0))
+    >>> sorted(order[:3]), order[3] in (0, 1, 2), sorted(order[4:])
+    ([0, 1, 2], True, [3, 4])
     """
 
-    def __init__(self, sizes: tuple[int, ...], seed: int, shuffle: bool = True):
-        self.sizes, self.seed, self.shuffle, self.epoch = tuple(sizes), seed, shuffle, 0
+    def __init__(self, sizes: tuple[int, ...], counts: tuple[int, ...], seed: int, shuffle: bool = True):
+        self.sizes, self.counts, self.seed, self.shuffle, self.epoch = tuple(sizes), tuple(counts), seed, shuffle, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -115,13 +122,27 @@ class PhaseSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         offset = 0
-        for size in self.sizes:
-            order = torch.randperm(size, generator=generator) if self.shuffle else torch.arange(size)
-            yield from (order + offset).tolist()
+        for size, count in zip(self.sizes, self.counts):
+            drawn = 0
+            while drawn < count:
+                order = torch.randperm(size, generator=generator) if self.shuffle else torch.arange(size)
+                order = order[: count - drawn]
+                yield from (order + offset).tolist()
+                drawn += len(order)
             offset += size
 
     def __len__(self) -> int:
-        return sum(self.sizes)
+        return sum(self.counts)
+
+
+def phase_steps(max_steps: int, pretraining_fraction: float) -> tuple[int, int]:
+    """Optimiser steps of the pre-training and the SFT phase (the first rounded half up).
+
+    >>> phase_steps(5, 0.5), phase_steps(4, 0.25)
+    ((3, 2), (1, 3))
+    """
+    pretraining = math.floor(max_steps * pretraining_fraction + 0.5)
+    return pretraining, max_steps - pretraining
 
 
 def distillation_kl(
@@ -199,8 +220,8 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
         self._check_pair(base_model(self.model), teacher_model)
         student_layers = self.layer_map.num_student_layers
         self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
-        self._student_outputs = _LayerOutputs(self.model, list(range(student_layers)))
-        self._teacher_outputs = _LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
+        self._student_outputs = LayerOutputs(self.model, list(range(student_layers)))
+        self._teacher_outputs = LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
         if self.is_deepspeed_enabled:
             self.teacher_model = prepare_deepspeed(teacher_model, self.accelerator)
         else:
@@ -223,23 +244,33 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
                 )
 
     def _add_pretraining_phase(self, pretraining_dataset: Dataset | None) -> tuple[int, ...]:
-        """Prepare the pre-training text exactly as SFT data is prepared and put it before the SFT rows."""
+        """Prepare the pre-training rows as SFT data is prepared, train every one of their tokens, and put them
+        before the SFT rows."""
         if pretraining_dataset is None:
             return (len(self.train_dataset),) if isinstance(self.train_dataset, Dataset) else ()
         if not isinstance(pretraining_dataset, Dataset) or not isinstance(self.train_dataset, Dataset):
             raise ValueError("two phases need map-style datasets (datasets.Dataset), not iterable ones")
+        if self.args.max_steps <= 0:
+            raise ValueError("two phases share the optimiser steps (pretraining_fraction of max_steps): set max_steps")
         prepared = self._prepare_dataset(
             pretraining_dataset, self.processing_class, self.args, self.args.packing, None, "pretraining"
         )
+        # Phase 1 aligns every position (ADAPT §3.2): no prompt mask, whatever the rows' format.
+        prepared = prepared.map(lambda row: {"labels": row["input_ids"]}, desc="Training every pre-training token")
         columns = [name for name in ("input_ids", "labels", "seq_lengths") if name in self.train_dataset.column_names]
         phases = [prepared.select_columns(columns), self.train_dataset.select_columns(columns)]
+        if not all(len(phase) for phase in phases):
+            raise ValueError(f"a phase has no rows (pre-training {len(phases[0])}, SFT {len(phases[1])})")
         self.train_dataset = concatenate_datasets(phases)
         return tuple(len(phase) for phase in phases)
 
     def _get_train_sampler(self, train_dataset=None):
         if len(self._phase_sizes) < 2:
             return super()._get_train_sampler(train_dataset)
-        return PhaseSampler(self._phase_sizes, self.args.seed)
+        # The whole run is one pass of this sampler: max_steps global batches, the first ones from phase 1.
+        batch = self.get_total_train_batch_size(self.args)
+        steps = phase_steps(self.args.max_steps, self.args.pretraining_fraction)
+        return PhaseSampler(self._phase_sizes, tuple(batch * count for count in steps), self.args.seed)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         with self._student_outputs.record() as student:

@@ -33,7 +33,12 @@ VERBS: dict[str, tuple[str, str]] = {
     "env": ("kinfolk.commands.env", "print the installed stack, the torch device and the registered kinfolk plugins"),
     "score": ("kinfolk.commands.score", "ATLANTIS: score an SFT dataset with three models, add a weight column"),
     "sft": ("kinfolk.commands.sft", "`trl sft` with WeightedSFTTrainer (weights, prompt loss weight) and ATLAS"),
+    "distil": ("kinfolk.commands.distil", "ADAPT: init-student, two-phase distillation and delta from a teacher"),
     "merge": ("kinfolk.commands.merge", "ADAPT merges: init-student, delta, apply-delta, patch, interpolate"),
+    "route": (
+        "kinfolk.commands.route",
+        "ADAPT: per difficulty level, the smallest size accurate enough; the frontier",
+    ),
     "eval": ("kinfolk.commands.eval", "lm-eval's CLI with kinfolk's adapter types and tasks registered"),
     "churn": ("kinfolk.commands.churn", "answer churn (C/F/G/W) between lm-eval sample logs, with paired intervals"),
     "drift": ("kinfolk.commands.drift", "retained KL at matched target scores across methods and seeds (report)"),

@@ -1,6 +1,6 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas_experiment`; `adapt`: its own
-module's options until it moves onto the families runner).
+families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas_experiment`, `adapt`:
+`kinfolk.lab.adapt_experiment`, each with its settings dataclass's options).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
 """
@@ -58,35 +58,31 @@ def build(argv: list[str]) -> int:
     return 0 if family.passed else 1
 
 
-def _experiment_runner(name: str):
-    """The settings dataclass and run function of an experiment on the families runner."""
-    if name == "atlantis":
-        from kinfolk.lab.atlantis_experiment import AtlantisSettings, run_atlantis
-
-        return AtlantisSettings, run_atlantis
-    from kinfolk.lab.atlas_experiment import AtlasSettings, run_atlas
-
-    return AtlasSettings, run_atlas
+# experiment -> (module, its settings dataclass, its runner): the experiments on the families runner
+EXPERIMENTS = {
+    "atlantis": ("kinfolk.lab.atlantis_experiment", "AtlantisSettings", "run_atlantis"),
+    "atlas": ("kinfolk.lab.atlas_experiment", "AtlasSettings", "run_atlas"),
+    "adapt": ("kinfolk.lab.adapt_experiment", "AdaptSettings", "run_adapt"),
+}
 
 
 def experiment(argv: list[str]) -> int:
-    if argv[:1] == ["adapt"]:
-        from kinfolk.lab.adapt_experiment import main as adapt_main
+    from importlib import import_module
 
-        return adapt_main(argv[1:])
-    if argv[:1] not in (["atlantis"], ["atlas"]):
-        raise InputError(
-            f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: atlantis, atlas or adapt"
-        )
+    if not argv or argv[0] not in EXPERIMENTS:
+        choices = ", ".join(EXPERIMENTS)
+        raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
     from kinfolk.lab.results_doc import results_markdown
 
-    settings_class, run = _experiment_runner(argv[0])
-    parser = VerbParser((ExperimentArguments, settings_class), prog=f"kinfolk lab experiment {argv[0]}")
+    name = argv[0]
+    module_name, settings_class, runner = EXPERIMENTS[name]
+    module = import_module(module_name)
+    parser = VerbParser((ExperimentArguments, getattr(module, settings_class)), prog=f"kinfolk lab experiment {name}")
     args, settings = parser.parse(argv[1:])
     if args.families < 5:
         print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
-    results = run(
-        args.out or f"runs/lab-{argv[0]}",
+    results = getattr(module, runner)(
+        args.out or f"runs/lab-{name}",
         list(range(args.first_family, args.first_family + args.families)),
         settings,
         quick=args.quick,

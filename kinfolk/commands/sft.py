@@ -37,9 +37,10 @@ from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
+from kinfolk.commands.launching import check_resume_checkpoint, launch
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits, naming, select_split
-from kinfolk.errors import CheckpointError, InputError, MissingInputError
+from kinfolk.errors import InputError
 from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
@@ -108,8 +109,6 @@ def check_inputs(script_args, training_args, model_args) -> None:
     """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
     an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
     `--resume_from_checkpoint` directory that is not there."""
-    from transformers.trainer import TRAINER_STATE_NAME
-
     from kinfolk.atomic import check_writable
     from kinfolk.inputs import check_model
 
@@ -117,11 +116,8 @@ def check_inputs(script_args, training_args, model_args) -> None:
         raise InputError("--model_name_or_path is required")
     check_model(model_args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
     check_writable(Path(training_args.output_dir) / "checkpoint")
-    resume = training_args.resume_from_checkpoint
-    if isinstance(resume, str) and not (Path(resume) / TRAINER_STATE_NAME).is_file():
-        if Path(resume).is_dir():
-            raise CheckpointError(f"--resume_from_checkpoint {resume} has no {TRAINER_STATE_NAME}: not a checkpoint")
-        raise MissingInputError(f"--resume_from_checkpoint {resume}: no such checkpoint directory", path=resume)
+    if isinstance(training_args.resume_from_checkpoint, str):
+        check_resume_checkpoint(training_args.resume_from_checkpoint)
 
 
 def train(script_args, training_args, model_args, dataset_args, *extension_options):
@@ -166,23 +162,10 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module; a
-    launched process's exit code (2 for bad input it found) is the verb's."""
-    import subprocess
-
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from trl.cli.accelerate_config import resolve_accelerate_config_argument
-    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
-
+    """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
-    script_args = _subtract_subsequence(argv, cli_remaining)
-    try:
-        launch_command(launch_command_parser().parse_args([*launch_args, "--module", __name__, *script_args]))
-    except subprocess.CalledProcessError as failed:
-        return failed.returncode
-    return 0
+    return launch(__name__, argv, config_remaining, cli_remaining)
 
 
 def launched(argv: list[str]) -> int:

@@ -26,9 +26,9 @@ from pathlib import Path
 from datasets import Dataset
 
 from kinfolk.lab.skills import (
+    ALL_SKILLS,
     FORMATS,
     POOL_MIX,
-    SKILLS,
     ideal_log_probability,
     pool_log_probability,
     render,
@@ -69,7 +69,7 @@ def pretraining_dataset(
         if rng.random() < text_share:
             rows.append({"prompt": "", "completion": rng.choice(text)})
             continue
-        skill = SKILLS[rng.choices(names, weights=shares)[0]]
+        skill = ALL_SKILLS[rng.choices(names, weights=shares)[0]]
         prompt, answer = skill.sample(rng, split)
         rows.append({"prompt": prompt, "completion": render(answer, rng.randrange(len(FORMATS)))})
     return Dataset.from_list(rows)
@@ -80,7 +80,7 @@ def ideal_dataset(skills: list[str], n: int, seed: int, format_index: int = 0, s
     rng = random.Random(f"ideal-{format_index}-{seed}")
     rows = []
     for i in range(n):
-        skill = SKILLS[skills[i % len(skills)]]
+        skill = ALL_SKILLS[skills[i % len(skills)]]
         prompt, answer = skill.sample(rng, split)
         rows.append({"prompt": prompt, "completion": render(answer, format_index), "skill": skill.name})
     return Dataset.from_list(rows)
@@ -92,7 +92,7 @@ def pool_dataset(skills: list[str], n: int, seed: int, mix: dict[str, float] = P
     rng = random.Random(f"pool-{seed}" if mix == POOL_MIX else f"pool-{seed}-{sorted(mix.items())}")
     rows = []
     for i in range(n):
-        skill = SKILLS[skills[i % len(skills)]]
+        skill = ALL_SKILLS[skills[i % len(skills)]]
         prompt, _ = skill.sample(rng, "train")
         response, kind = sample_pool_response(skill, prompt, rng, mix)
         pool = pool_log_probability(skill, prompt, response, mix)
@@ -115,5 +115,5 @@ def eval_problems(skill: str, n: int, seed: int = 0, split: str = "test") -> Dat
     """`n` problems of `split` ("test", or "validation" for choosing settings; never seen in training) with their
     correct answers; a family's seed draws its own test problems."""
     rng = random.Random(f"eval-{skill}-{seed}" if split == "test" else f"{split}-{skill}-{seed}")
-    rows = [dict(zip(("prompt", "answer"), SKILLS[skill].sample(rng, split))) for _ in range(n)]
+    rows = [dict(zip(("prompt", "answer"), ALL_SKILLS[skill].sample(rng, split))) for _ in range(n)]
     return Dataset.from_list(rows)

@@ -11,18 +11,19 @@ Reads top to bottom, one stage per method, each built from kinfolk's own compone
    learn the target skill (reversal), measured at checkpoints for retained KL(frozen ‖ current) and the target score
    (the code of `kinfolk lab experiment atlas`: two of its methods, one learning rate, one family); their retained KL
    is compared where both rise above the frozen model's target score, and only there;
-4. ADAPT: `merge` init-student (teacher and both variants), `LayerDistillationTrainer` distils the base student, the
-   weight delta is applied to each variant's student, and `patch --all` rebuilds every size of each variant;
+4. ADAPT: one family of `kinfolk lab experiment adapt` at the demo's budget: `kinfolk distil` (two phases) of each
+   variant's and the base's student, the base's delta applied to each variant (`kinfolk merge`), every size patched
+   back both ways and measured against direct distillation and cross-patching, and `kinfolk route` over the sizes;
 5. evaluation: every trained model on every skill (greedy, own evaluator) and with the lab's lm-eval tasks;
 6. `report.md`, `results.json` and PNG plots in `--out`; the headline table is printed.
 
-Models the report's numbers come from are kept under `--out/models` (ADAPT's under `--out/adapt`).
+Models the report's numbers come from are kept under `--out/models` (ADAPT's under `--out/adapt`, each size's
+measurements beside it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,11 +33,11 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import check_destination, write_json
+from kinfolk.lab.adapt_experiment import AdaptSettings
 from kinfolk.lab.atlantis_experiment import AtlantisSettings
 from kinfolk.lab.evaluate import skill_scores
-from kinfolk.lab.family import BRACKET_FORMAT, POST_TRAINED_SKILLS, Family, LabConfig, build_family
+from kinfolk.lab.family import Family, LabConfig, build_family
 from kinfolk.lab.skills import HELD_OUT, RETAINED, TARGET
-from kinfolk.lab.training import lab_distil
 from kinfolk.trainers.atlantis.config import WeightConfig
 
 RESULTS_FILE = "results.json"
@@ -94,6 +95,17 @@ class DemoConfig:
 
     def family_config(self) -> LabConfig:
         return LabConfig.quick_config(seed=self.seed) if self.quick else LabConfig(seed=self.seed)
+
+    def adapt_settings(self) -> AdaptSettings:
+        """The experiment's settings for the demo's one family: one budget for every distillation."""
+        return AdaptSettings(
+            budgets=[self.distil_steps],
+            steps=self.distil_steps,
+            learning_rate=self.distil_learning_rate,
+            eval_problems=self.eval_problems,
+            validation_problems=self.eval_problems,
+            routing_problems=self.eval_problems // 5,
+        )
 
     def atlantis_settings(self) -> AtlantisSettings:
         """The experiment's settings for the demo's one run: one cell, the default formula at one temperature."""
@@ -204,87 +216,22 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
 
 # ---------------------------------------------------------------------------------------------------- ADAPT
 def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
+    """One family of `kinfolk lab experiment adapt`, through its own code, at the demo's budget: `kinfolk distil`
+    (two phases) of each variant and of the base (two-phase and single-phase deltas), `kinfolk merge` (apply-delta,
+    patch --all both ways, delta-cosine) and `kinfolk route` over the instruct variant's families."""
+    import shutil
 
-    from kinfolk.plugins.adapt import merge
+    from kinfolk.lab.adapt_experiment import adapt_family
 
-    tokenizer, root = family.tokenizer(), out / "adapt"
-    teacher = family.teacher
-    layers = {"every": 2}
-    say("ADAPT: layer-dropped students of the teacher and of both variants (kinfolk merge init-student)")
-    merge({"op": "init-student", "teacher": str(teacher), "layers": layers}, root / "init-base", True, progress=False)
-    for name, variant in family.variants.items():
-        merge(
-            {"op": "init-student", "teacher": str(variant), "layers": layers},
-            root / f"init-{name}",
-            True,
-            progress=False,
-        )
-    say(f"ADAPT: distilling the base student from the teacher ({config.distil_steps} steps)")
-    lab_distil(
-        root / "init-base",
-        teacher,
-        family.pretraining(32 * config.distil_steps),
-        tokenizer,
-        root / "distilled-base",
-        config.distil_steps,
-        config.distil_learning_rate,
-        seed=config.seed,
-        progress=say.enabled,
+    settings = config.adapt_settings()
+    say(
+        f"ADAPT: two-phase distillation ({settings.steps} steps) of each variant's and the base's student, the "
+        "base's delta applied to each variant, every size patched back both ways, routing over the sizes"
     )
-    say("ADAPT: delta = distilled - init; applied to each variant's student; every size patched")
-    merge(
-        {"op": "delta", "init": str(root / "init-base"), "distilled": str(root / "distilled-base")},
-        root / "delta",
-        True,
-        progress=False,
-    )
-    results: dict[str, Any] = {"variants": {}}
-    base_scores = skill_scores(
-        AutoModelForCausalLM.from_pretrained(root / "distilled-base"),
-        tokenizer,
-        n=config.eval_problems,
-        seed=config.seed,
-    )
-    results["distilled_base"] = base_scores
-    for name, variant in family.variants.items():
-        format_index = BRACKET_FORMAT if name == "large_bracket" else 0
-        merge(
-            {"op": "apply-delta", "init": str(root / f"init-{name}"), "delta": str(root / "delta")},
-            root / f"student-{name}",
-            True,
-            progress=False,
-        )
-        merge(
-            {
-                "op": "patch",
-                "teacher": str(variant),
-                "student": str(root / f"student-{name}"),
-                "order": "back-to-front",
-            },
-            root / f"family-{name}",
-            True,
-            all_sizes=True,
-            progress=False,
-        )
-        sizes = json.loads((root / f"family-{name}" / "family.json").read_text())["models"]
-        rows = {}
-        candidates = {
-            "teacher variant": Path(variant),
-            "student init (no delta)": root / f"init-{name}",
-            **{f"patched {entry['dir']}": root / f"family-{name}" / entry["dir"] for entry in sizes},
-        }
-        for label, path in candidates.items():
-            model = AutoModelForCausalLM.from_pretrained(path)
-            rows[label] = {
-                "layers": model.config.num_hidden_layers,
-                "path": str(path),
-                "scores": skill_scores(
-                    model, tokenizer, POST_TRAINED_SKILLS, config.eval_problems, config.seed, format_index
-                ),
-            }
-        results["variants"][name] = {"format_index": format_index, "models": rows}
-    return results
+    record = adapt_family(family, out / "adapt", settings, progress=say.enabled)
+    for method, entry in record["routing"].items():
+        shutil.copyfile(Path(entry["out"]) / "frontier.png", out / f"adapt_routing_{method}.png")
+    return {"settings": dataclasses.asdict(settings), **record}
 
 
 # ---------------------------------------------------------------------------------------------------- lm-eval

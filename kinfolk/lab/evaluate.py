@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kinfolk.lab.corpus import eval_problems
-from kinfolk.lab.skills import SKILLS, Skill, answer_of, render
+from kinfolk.lab.skills import ALL_SKILLS, SKILLS, Skill, answer_of, render
 
 MAX_NEW_TOKENS = 10
 
@@ -95,10 +95,11 @@ def skill_scores(
     format_index: int = 0,
     split: str = "test",
 ) -> dict[str, dict]:
-    """{skill: {accuracy, answer_accuracy, preferred_format}} on `n` problems of `split` for each skill."""
+    """{skill: {accuracy, answer_accuracy, preferred_format}} on `n` problems of `split` for each skill (default: the
+    family's core `SKILLS`)."""
     scores = {}
     for name in skills or list(SKILLS):
         prompts = eval_problems(name, n, seed, split)["prompt"]
         responses = generate_responses(model, tokenizer, prompts)
-        scores[name] = score_responses(SKILLS[name], prompts, responses, format_index)
+        scores[name] = score_responses(ALL_SKILLS[name], prompts, responses, format_index)
     return scores

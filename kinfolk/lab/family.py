@@ -75,6 +75,8 @@ MODEL_FIELDS = {
     "large_bracket": _POST_TRAINING,
 }
 POST_TRAINED_SKILLS = [RETAINED, TARGET]  # the held-out skill is never post-trained on
+# LabConfig fields that key the post-trained models only when they differ from these defaults.
+KEYED_WHEN_SET = {"post_trained_skills": POST_TRAINED_SKILLS}
 BRACKET_FORMAT = 2
 
 
@@ -124,6 +126,14 @@ class LabConfig:
         },
     )
     post_train_steps: int = field(default=150, metadata={"help": "Steps of each post-trained variant."})
+    post_trained_skills: list = field(
+        default_factory=lambda: list(POST_TRAINED_SKILLS),
+        metadata={
+            "help": "Skills in every post-trained model's data (round robin); the held-out skill is never one. "
+            "Keys only the post-trained models, and only when it differs from the default (so the default keeps "
+            "every existing key)."
+        },
+    )
     reference_mix: dict = field(
         default_factory=lambda: {"good": 0.8, "off_format": 0.1, "wrong": 0.1},
         metadata={
@@ -173,17 +183,26 @@ class LabConfig:
         }
         return cls(**(quick | overrides))
 
+    def _keyed_when_set(self) -> dict[str, object]:
+        """The fields added after families were cached, where they differ from their defaults: absent at the default,
+        so older keys stay valid."""
+        return {
+            name: getattr(self, name) for name, default in KEYED_WHEN_SET.items() if getattr(self, name) != default
+        }
+
     def cache_key(self) -> str:
         """Hash of what determines the weights (thresholds and evaluation size only change the checks)."""
         fields = dataclasses.asdict(self)
-        for name in ("thresholds", "eval_problems"):
+        for name in ("thresholds", "eval_problems", *KEYED_WHEN_SET):
             fields.pop(name)
-        return fingerprint(fields, _versions())
+        return fingerprint(fields | self._keyed_when_set(), _versions())
 
     def model_key(self, name: str) -> str:
         """Hash of what determines one model's weights: its own fields, the seed and its parent's key. A model with
         the same key in another family of the cache is copied instead of trained again."""
         fields = {field_name: getattr(self, field_name) for field_name in MODEL_FIELDS[name]}
+        if name in PARENTS:  # the post-trained models
+            fields |= self._keyed_when_set()
         parent = self.model_key(PARENTS[name]) if name in PARENTS else None
         return fingerprint(name, self.seed, fields, parent, _versions())
 
@@ -245,7 +264,7 @@ class Family:
 
     def reference_data(self, n: int = 1024) -> Dataset:
         """The small instruct (reference) model's post-training data: `reference_mix`, an imperfect proxy of p*."""
-        return corpus.pool_dataset(POST_TRAINED_SKILLS, n, self.config.seed + 5, self.config.reference_mix)
+        return corpus.pool_dataset(self.config.post_trained_skills, n, self.config.seed + 5, self.config.reference_mix)
 
     def target_train(self, n: int = 512) -> Dataset:
         """p* examples of the target skill: the data an adapter learns the target skill from."""
@@ -259,7 +278,8 @@ class Family:
         return corpus.pretraining_dataset(n, self.config.seed + 3, self.config.skill_shares, self.config.text_share)
 
     def instruct_data(self, n: int = 1024, format_index: int = 0) -> Dataset:
-        return corpus.ideal_dataset(POST_TRAINED_SKILLS, n, self.config.seed + 4, format_index)
+        """p* examples of the post-trained skills in `FORMATS[format_index]`: the large variants' post-training data."""
+        return corpus.ideal_dataset(self.config.post_trained_skills, n, self.config.seed + 4, format_index)
 
     def summary(self) -> str:
         """A table of every model's accuracy per skill and the threshold checks."""

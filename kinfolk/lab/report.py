@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kinfolk.atomic import atomic_file
 
 
@@ -122,33 +124,31 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     )
 
 
+ADAPT_SHOWN = ("distilled", "weight-delta", "cross-patch")  # the methods of the headline and the plot
+
+
 def adapt_rows(results: dict) -> list[list[Any]]:
-    retained, target, _ = _roles(results)
+    """Per variant and method: test accuracy (the variant's format, retained + target) of every size k = 0..M, each
+    in its validation-chosen patch order."""
     rows = []
-    for variant, entry in results["adapt"]["variants"].items():
-        for label, model in entry["models"].items():
-            scores = model["scores"]
-            rows.append(
-                [
-                    variant,
-                    label,
-                    model["layers"],
-                    scores[retained]["accuracy"],
-                    scores[target]["accuracy"],
-                    scores[target]["preferred_format"],
-                ]
-            )
+    for variant, entry in results["adapt"]["transfer"].items():
+        for method, curve in entry["curves"].items():
+            rows.append([variant, method, *(size["test"]["mean"] for size in curve["chosen"])])
     return rows
+
+
+def adapt_routing_text(results: dict) -> str:
+    """Per routed family: how many fixed sizes a routing beats (average policy) and the mean gain at equal cost."""
+    parts = []
+    for method, entry in results["adapt"]["routing"].items():
+        verdicts = entry["dominance"]["average"].values()
+        gain = np.mean([v["gain_at_cost"] for v in verdicts])
+        parts.append(f"{method}: beats {sum(v['dominated'] for v in verdicts)} of {len(verdicts)} sizes, {gain:+.3f}")
+    return "; ".join(parts)
 
 
 def lm_eval_rows(results: dict) -> list[list[Any]]:
     return [[name, *per_task.values()] for name, per_task in results["lm_eval"].items()]
-
-
-def own_format_accuracy(model: dict) -> float:
-    """Mean accuracy over the post-trained skills (those scored), in the model's own response format."""
-    scores = model["scores"]
-    return sum(score["accuracy"] for score in scores.values()) / len(scores)
 
 
 def headline_table(results: dict) -> str:
@@ -175,20 +175,17 @@ def headline_table(results: dict) -> str:
             + f" ({target_matched_text(results, short=True)})",
         ],
     ]
-    for variant, entry in results["adapt"]["variants"].items():
-        models = entry["models"]
-        init = own_format_accuracy(models["student init (no delta)"])
-        patched = [m for label, m in models.items() if label.startswith("patched")]
-        sizes = ", ".join(f"{m['layers']}L {own_format_accuracy(m):.2f}" for m in patched)
+    for variant, entry in results["adapt"]["transfer"].items():
+        smallest = {method: entry["curves"][method]["chosen"][0]["test"]["mean"] for method in ADAPT_SHOWN}
         rows.append(
             [
                 "ADAPT",
-                f"{variant}: init student -> delta student (every size)",
+                f"{variant}: cross-patch -> weight-delta (smallest size; distilled)",
                 f"{retained}+{target} accuracy, own format",
-                f"{init:.2f} -> {own_format_accuracy(patched[0]):.2f} "
-                f"({sizes}; teacher {own_format_accuracy(models['teacher variant']):.2f})",
+                f"{smallest['cross-patch']:.2f} -> {smallest['weight-delta']:.2f} ({smallest['distilled']:.2f})",
             ]
         )
+    rows.append(["ADAPT", "fixed sizes -> routing by length", "graded reversal", adapt_routing_text(results)])
     width = [max(len(str(row[i])) for row in rows) for i in range(4)]
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)) for row in rows)
 
@@ -231,14 +228,14 @@ def write_plots(results: dict, out: Path) -> list[str]:
         axis.legend()
 
     with plot("adapt_sizes.png") as axis:
-        for variant, entry in results["adapt"]["variants"].items():
-            patched = [m for label, m in entry["models"].items() if label.startswith("patched")]
-            axis.plot(
-                [m["layers"] for m in patched], [own_format_accuracy(m) for m in patched], marker="o", label=variant
-            )
-        axis.set_xlabel("layers")
-        axis.set_ylabel("post-trained skills' accuracy (own format)")
-        axis.legend()
+        for variant, style in zip(results["adapt"]["transfer"], ("-", "--")):
+            for method in ADAPT_SHOWN:
+                chosen = results["adapt"]["transfer"][variant]["curves"][method]["chosen"]
+                axis.plot([s["k"] for s in chosen], [s["test"]["mean"] for s in chosen], style, marker="o",
+                          label=f"{variant} {method}")  # fmt: skip
+        axis.set_xlabel("teacher blocks patched back (k)")
+        axis.set_ylabel("accuracy (own format)")
+        axis.legend(fontsize=6)
     return written
 
 
@@ -308,11 +305,13 @@ def write_report(results: dict, out: str | Path) -> Path:
         + "\n\n"
         + target_matched_text(results)
         + ".",
-        "## ADAPT: delta transfer and patched sizes\n\n"
-        "Scores in each variant's own format (`large_bracket` answers in `[...]`).\n\n"
+        "## ADAPT: every size of each variant's families\n\n"
+        "Test accuracy in each variant's own format (`large_bracket` answers in `[...]`) at k = 0 (the student) .. M "
+        "(the variant) teacher blocks patched back, each size in its validation-chosen patch order; one family and "
+        "one budget, a reading of this run. Routing over the instruct variant's sizes by word length (graded "
+        f"reversal): {adapt_routing_text(results)} ([plots](adapt_routing_distilled.png)).\n\n"
         + markdown_table(
-            ["variant", "model", "layers", f"{retained} acc", f"{target} acc", f"{target} format share"],
-            adapt_rows(results),
+            ["variant", "method", *(f"k{k}" for k in range(len(adapt_rows(results)[0]) - 2))], adapt_rows(results)
         ),
         "## lm-eval (kinfolk_lab_* tasks, exact match)\n\n"
         + markdown_table(["model", *next(iter(results["lm_eval"].values())).keys()], lm_eval_rows(results)),

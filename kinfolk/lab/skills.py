@@ -9,6 +9,14 @@ Three skills (and `flip`, below), each a prompt ending in "=" and a short answer
 | `add` | held out (2-digit addition; in pre-training only, never post-trained on) | `37+45=` | `82` |
 | `flip` | separated target of the ATLAS experiment (its families' pre-training only) | `flip 4821=` | `1284` |
 
+`SKILLS` are every family's: scored at each build and covered by the lab's lm-eval tasks. `EXTRA_SKILLS` are used
+only by the experiments that ask for them (through `LabConfig.skill_shares` and `post_trained_skills`); they draw
+with their own generators, so the data of the core skills and the default pre-training mix do not change:
+
+| skill | used by | prompt | answer | difficulty level |
+|---|---|---|---|---|
+| `reverse_graded` | ADAPT's size routing | `rev kmq=` (2 to 6 letters) | `qmk` | the word's length |
+
 Two-digit addition was the first choice for the retained skill, but the lab's models do not learn it within the
 lab's budgets (answer accuracy stayed at 2-10% after 600-1000 pre-training steps of the 4 × 128 model, with 2-digit
 or 1-digit second operands), while copying is learned reliably by then; so copying is the retained skill and
@@ -78,13 +86,15 @@ def _adjacent_swaps(word: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Skill:
-    """A problem generator: `draw(rng) -> (prompt, answer)`, `wrong(answer)` its distinct near-misses."""
+    """A problem generator: `draw(rng) -> (prompt, answer)`, `wrong(answer)` its distinct near-misses, and for a
+    graded skill `level(prompt)`, the problem's difficulty."""
 
     name: str
     role: str
     draw: Callable[[random.Random], tuple[str, str]]
     solve: Callable[[str], str]
     wrong: Callable[[str], list[str]]
+    level: Callable[[str], int] | None = None
 
     def sample(self, rng: random.Random, split: str) -> tuple[str, str]:
         """A (prompt, correct answer) pair whose prompt belongs to `split`."""
@@ -142,6 +152,22 @@ def _draw_flip(rng: random.Random) -> tuple[str, str]:
 
 SKILLS["flip"] = Skill("flip", "separated target", _draw_flip, lambda p: _word(p)[::-1], _adjacent_swaps)
 SEPARATED_TARGET = "flip"
+
+GRADED = "reverse_graded"
+GRADED_LENGTHS = (2, 6)  # shortest and longest word: the difficulty levels
+
+
+def _draw_reverse_graded(rng: random.Random) -> tuple[str, str]:
+    word = _letters(rng, rng.randint(*GRADED_LENGTHS))
+    return f"rev {word}=", word[::-1]
+
+
+EXTRA_SKILLS: dict[str, Skill] = {
+    GRADED: Skill(
+        GRADED, "graded", _draw_reverse_graded, lambda p: _word(p)[::-1], _adjacent_swaps, lambda p: len(_word(p))
+    ),
+}
+ALL_SKILLS: dict[str, Skill] = SKILLS | EXTRA_SKILLS
 
 
 def ideal_log_probability(skill: Skill, prompt: str, response: str) -> float:

@@ -1,5 +1,5 @@
-"""How the lab trains: `WeightedSFTTrainer` (and `LayerDistillationTrainer`) on CPU with the lab's step budgets, then an
-atomic save.
+"""How the lab trains: `WeightedSFTTrainer` on CPU with the lab's step budgets, then an atomic save (the ADAPT
+experiment's distillations run through `kinfolk distil`, `kinfolk.commands.distil.distil`).
 
 Every model of the family and every run of the demo goes through `lab_trainer`, so they share one recipe:
 AdamW, cosine schedule with a short warm-up, prompt tokens down-weighted (`prompt_loss_weight`), sequences of at
@@ -15,7 +15,6 @@ experiments run inside `single_threaded()`, so a seed gives the same bits whatev
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -133,51 +132,5 @@ def save_model(model: PreTrainedModel, tokenizer, out: str | Path) -> Path:
     """Save `model` (or a PEFT adapter) with the tokenizer, appearing at `out` only when complete."""
     with atomic_directory(out, overwrite=True) as staging:
         model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    return Path(out)
-
-
-def lab_distil(
-    student: str | Path,
-    teacher: str | Path,
-    dataset: Dataset,
-    tokenizer,
-    out: str | Path,
-    steps: int,
-    learning_rate: float,
-    *,
-    seed: int = 0,
-    progress: bool = True,
-) -> Path:
-    """`LayerDistillationTrainer` from the `student` directory towards `teacher` on `dataset`, saved atomically at `out`
-    with the tokenizer: the same batch, length and schedule recipe as `lab_trainer`."""
-    from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
-
-    with atomic_directory(out, overwrite=True) as staging, tempfile.TemporaryDirectory() as scratch:
-        args = LayerDistillationConfig(
-            output_dir=scratch,
-            use_cpu=True,
-            bf16=False,
-            max_steps=steps,
-            per_device_train_batch_size=32,
-            learning_rate=learning_rate,
-            max_length=MAX_LENGTH,
-            save_strategy="no",
-            report_to=[],
-            seed=seed,
-            logging_steps=max(1, steps // 5),
-            disable_tqdm=not progress,
-            warmup_steps=min(50, steps // 10),
-            gradient_checkpointing=False,
-        )
-        trainer = LayerDistillationTrainer(
-            model=str(student),
-            teacher_model=str(teacher),
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-        )
-        trainer.train()
-        trainer.save_model(str(staging))
         tokenizer.save_pretrained(staging)
     return Path(out)

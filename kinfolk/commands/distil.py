@@ -1,0 +1,227 @@
+"""`kinfolk distil`: ADAPT's distillation from a teacher and a layer selection to a distilled student and its delta.
+
+One command for the three steps the ADAPT pipeline runs per teacher (the merges of `kinfolk merge` around the
+`LayerDistillationTrainer` of `kinfolk.trainers`), written under `--out`:
+
+    OUT/init-student/   `kinfolk merge init-student`: the teacher's layers of `--layers` (default: every other
+                        layer and the last, as the paper), embeddings, norm and head; the layer map beside it
+    OUT/training/       the trainer's checkpoints and logs (`--resume_from_checkpoint` continues from them)
+    OUT/distilled/      the distilled student: pre-training text first (every token's CE, KL and block cosine),
+                        then SFT data (response tokens only), `--pretraining_fraction` (0.5) of `--max_steps` on
+                        the first, one learning-rate schedule (ADAPT §3.2)
+    OUT/delta/          `kinfolk merge delta`: distilled − init, for `kinfolk merge apply-delta` on each variant
+
+Options are `LayerDistillationConfig`'s (every `trl sft` training flag and the loss weights) plus this verb's own,
+from flags or `--config distil.yaml`; unknown flags go to `accelerate launch`, which starts this module on every
+process, as `kinfolk sft` does. Bad input exits 2 with one line before any process starts (`check_inputs`): an
+existing `--out` without `--overwrite`, a teacher that cannot load, a layer selection it does not fit, missing or
+empty data, a `--resume_from_checkpoint` that is not a checkpoint; `--overwrite` clears the old output only after
+those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merges run on the main process only:
+
+    kinfolk distil --teacher models/Qwen3-4B-Instruct --pretraining_data pile.jsonl --sft_data math.jsonl \\
+        --max_steps 2000 --per_device_train_batch_size 8 --out students/instruct [--num_processes 8]
+
+>>> args, training_args = make_parser().parse(["--teacher", "t", "--sft_data", "d.jsonl", "--out", "o", "--use_cpu"])
+>>> layer_selection(args.layers).to_dict(), training_args.pretraining_fraction
+({'every': 2, 'last': 1}, 0.5)
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
+from kinfolk.commands.launching import check_resume_checkpoint, launch
+from kinfolk.commands.parsing import VerbParser
+from kinfolk.errors import InputError, LayerMapError
+from kinfolk.plugins.adapt.layer_map import LayerSelection
+from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
+
+PROG = "kinfolk distil"
+INIT, TRAINING, DISTILLED, DELTA = "init-student", "training", "distilled", "delta"
+
+
+@dataclass
+class DistilArguments:
+    teacher: str | None = field(default=None, metadata={"help": "Teacher model directory (required)."})
+    out: str | None = field(
+        default=None, metadata={"help": "Output directory: init-student/, training/, distilled/, delta/ (required)."}
+    )
+    layers: str = field(
+        default="{every: 2, last: 1}",
+        metadata={
+            "help": "Teacher layers the student keeps (YAML): {every: n, first: k, last: k} or {layers: [..]}; the "
+            "default drops every other layer but keeps the last, as ADAPT does."
+        },
+    )
+    pretraining_data: str | None = field(
+        default=None,
+        metadata={"help": "Pre-training rows (text, or prompt/completion trained on every token): phase 1."},
+    )
+    sft_data: str | None = field(
+        default=None, metadata={"help": "SFT rows (prompt/completion or messages; responses trained): phase 2."}
+    )
+    split: str = field(default="train", metadata={"help": "Split of Hub datasets."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
+
+    def __post_init__(self) -> None:
+        if not self.teacher or not self.out:
+            raise InputError("--teacher and --out are required")
+
+
+def layer_selection(layers: str | dict) -> LayerSelection:
+    """`--layers` as a `LayerSelection` (a YAML mapping on the command line, a mapping in `--config`)."""
+    try:
+        values = yaml.safe_load(layers) if isinstance(layers, str) else layers
+    except yaml.YAMLError as error:
+        raise LayerMapError(f"--layers {layers!r} is not valid YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(values, dict):
+        raise LayerMapError(f"--layers expects a mapping such as '{{every: 2, last: 1}}', got {layers!r}")
+    return LayerSelection.from_dict(values)
+
+
+def make_parser() -> VerbParser:
+    return VerbParser((DistilArguments, LayerDistillationConfig), prog=PROG, description=__doc__.split("\n\n")[0])
+
+
+def load_phases(args: DistilArguments):
+    """(pre-training, SFT) datasets of `--pretraining_data` and `--sft_data` (None where not given)."""
+    from kinfolk.data import load_data
+
+    if not (args.pretraining_data or args.sft_data):
+        raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
+    return tuple(load_data(path, args.split) if path else None for path in (args.pretraining_data, args.sft_data))
+
+
+def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretraining=None, sft=None) -> Path:
+    """init-student → distillation on `pretraining` then `sft` (datasets; either may be None for one phase) →
+    delta, under `args.out`, on every process of a launch (the merges and the final rename on the main one);
+    returns the distilled student's directory. The command reads the datasets with `load_phases`."""
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from kinfolk.plugins.adapt import DeltaConfig, InitStudentConfig, merge
+    from kinfolk.trainers import LayerDistillationTrainer
+
+    if pretraining is None and sft is None:
+        raise InputError("distil needs pre-training or SFT data (or both)")
+    state = PartialState()
+    out = Path(args.out)
+    init, distilled = out / INIT, out / DISTILLED
+    if state.is_main_process and not (init / "config.json").exists():
+        config = InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers))
+        merge(config, init, overwrite=True, progress=False)
+    state.wait_for_everyone()
+
+    if sft is None:  # one phase of pre-training text: trained as the first phase is, on every token
+        sft, pretraining = pretraining, None
+        training_args.completion_only_loss = False
+    training_args.output_dir = str(out / TRAINING)
+    trainer = LayerDistillationTrainer(
+        model=str(init),
+        teacher_model=args.teacher,
+        args=training_args,
+        train_dataset=sft,
+        pretraining_dataset=pretraining,
+        processing_class=AutoTokenizer.from_pretrained(init),
+    )
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and not (isinstance(resume, str) and Path(resume).is_dir()):  # "true": this --out's last
+        resume = get_last_checkpoint(training_args.output_dir)
+    trainer.train(resume_from_checkpoint=resume)
+    staging = _shared_staging(distilled, state)
+    trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
+    state.wait_for_everyone()
+    if state.is_main_process:  # the distilled student, then its delta (written last: the run is complete)
+        publish(staging, distilled)
+        if staging.exists():  # after an exchange: the distilled student of an earlier run
+            shutil.rmtree(staging)
+        merge(DeltaConfig(init=str(init), distilled=str(distilled)), out / DELTA, overwrite=True, progress=False)
+    state.wait_for_everyone()
+    trainer.end()
+    return distilled
+
+
+def _shared_staging(destination: Path, state) -> Path:
+    """The main process's staging sibling of `destination` (`kinfolk.atomic.staging_path`), known to every process."""
+    from accelerate.utils import broadcast_object_list
+
+    name = [None]
+    if state.is_main_process:
+        clean_dead_staging(destination.parent, destination.name)  # what a run killed while saving left
+        name = [str(staging_path(destination))]
+    if state.num_processes > 1:
+        broadcast_object_list(name, from_process=0)
+    return Path(name[0])
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a directory by first renaming it to a staging name: a removal cut short leaves no half-deleted tree
+    where a user or a rerun would read it (the next run to that destination removes what is left)."""
+    retired = staging_path(path)
+    path.rename(retired)
+    shutil.rmtree(retired)
+
+
+def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """Refuse, before any process starts (and before `--overwrite` clears anything), what would fail later: an
+    existing or unwritable `--out`, a `--resume_from_checkpoint` that is not a checkpoint, a teacher that cannot
+    load, a layer selection that does not fit it, and data that is missing, empty or unreadable."""
+    from kinfolk.inputs import check_model
+
+    if not (args.pretraining_data or args.sft_data):
+        raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
+    selection = layer_selection(args.layers)
+    out = Path(args.out)
+    resume = training_args.resume_from_checkpoint
+    if resume is None:
+        check_destination(out, args.overwrite)
+    elif isinstance(resume, str) and resume.lower() != "true":  # "true": the last checkpoint under --out
+        check_resume_checkpoint(resume)
+    teacher = check_model(args.teacher, "the --teacher", tokenizer=True)
+    try:
+        selection.resolve(teacher.get_text_config().num_hidden_layers)
+    except LayerMapError as error:
+        raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
+    load_phases(args)  # read once here: a bad file is named before any process starts (the processes reuse the cache)
+    return out
+
+
+def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """`check_inputs`, then clear an existing `--out` when `--overwrite` (not when resuming from it). The run writes
+    into `--out` itself, so that a killed run resumes from its checkpoints; each part appears whole or not at all
+    (the merges' outputs, each `checkpoint-N`, the distilled student), the delta last."""
+    out = check_inputs(args, training_args)
+    if training_args.resume_from_checkpoint is None and out.exists():
+        _remove_tree(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
+    prepare_out(args, training_args)
+    code = launch(__name__, argv, config_remaining, cli_remaining)
+    if code == 0:
+        print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
+    return code
+
+
+def launched(argv: list[str]) -> int:
+    """What `accelerate launch` runs on each process (its own flags already taken out)."""
+    args, training_args = make_parser().parse_args_and_config(argv, fail_with_unknown_args=False)
+    distil(args, training_args, *load_phases(args))
+    return 0
+
+
+if __name__ == "__main__":
+    from kinfolk.commands import run
+
+    sys.exit(run(PROG, lambda: launched(sys.argv[1:])))

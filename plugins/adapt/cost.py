@@ -1,0 +1,61 @@
+"""What one example costs on a model, from its config and safetensors headers (no weights loaded).
+
+Two measures, both proportional to the tokens an example runs through the model (prompt and response):
+
+- `parameters`: every parameter of the checkpoint × tokens (the paper's x-axis: inference-time parameters);
+- `flops`: forward-pass FLOPs, Kaplan et al. (2020): 2·N per token for the N parameters a token multiplies with (all
+  but the input embedding table; the LM head counts, tied or not), plus 2·n_layers·t·d_attn for attention over the
+  t positions before it, summed over t = 1..T: 2·N·T + n_layers·d_attn·T·(T + 1).
+
+>>> cost = ModelCost(parameters=1000, forward_parameters=900, num_layers=2, attention_width=8)
+>>> cost.of(10, "parameters"), cost.of(10, "flops")  # 2·900·10 + 2·8·10·11
+(10000.0, 19760.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kinfolk.errors import InputError
+from kinfolk.plugins.adapt.checkpoint import Checkpoint
+
+COST_KINDS = ("parameters", "flops")
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    parameters: int
+    forward_parameters: int
+    num_layers: int
+    attention_width: int  # query heads × head dimension
+
+    def of(self, tokens: float, kind: str) -> float:
+        """The cost of running `tokens` tokens through the model, in `kind` units."""
+        if kind == "parameters":
+            return float(self.parameters * tokens)
+        if kind == "flops":
+            return float(
+                2 * self.forward_parameters * tokens + self.num_layers * self.attention_width * tokens * (tokens + 1)
+            )
+        raise InputError(f"unknown cost kind {kind!r}; choose one of {', '.join(COST_KINDS)}")
+
+
+def model_cost(directory: str | Path, role: str = "model") -> ModelCost:
+    """The cost figures of the model in `directory` (config.json and safetensors headers only); `role` names it in
+    errors."""
+    checkpoint = Checkpoint.open_model(role, directory)
+    sizes = {name: math.prod(shape) for name, (shape, _) in checkpoint.manifest.items()}
+    embeddings = f"{checkpoint.layout.embeddings}.weight"
+    head_saved = f"{checkpoint.layout.lm_head}.weight" in sizes
+    # an untied model's embedding table is a lookup; a tied one's is also the head, which every token multiplies by
+    lookup_only = sizes.get(embeddings, 0) if head_saved or not checkpoint.layout.tied_embeddings else 0
+    text = checkpoint.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return ModelCost(
+        parameters=sum(sizes.values()),
+        forward_parameters=sum(sizes.values()) - lookup_only,
+        num_layers=checkpoint.layout.num_layers,
+        attention_width=text.num_attention_heads * head_dim,
+    )

@@ -1,0 +1,156 @@
+"""`kinfolk distil`: the same student as the merges and the trainer run by hand, its delta, its errors, and a
+two-process launch with gradient accumulation."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from kinfolk.commands import main as kinfolk_main
+from kinfolk.commands.distil import DELTA, DISTILLED, INIT, DistilArguments, distil
+from kinfolk.plugins.adapt import LayerMap, merge
+from kinfolk.testing import prompt_completion_dataset, text_dataset
+from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
+
+TRAINING = {"use_cpu": True, "bf16": False, "report_to": [], "per_device_train_batch_size": 4, "max_steps": 4,
+            "save_strategy": "no", "logging_steps": 1, "seed": 0, "disable_tqdm": True}  # fmt: skip
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / "model.safetensors")
+
+
+def test_distil_is_init_student_then_the_trainer_then_the_delta(tiny_kit, tmp_path):
+    teacher = tiny_kit.model_dir("llama", "large")
+    pretraining, sft = text_dataset(8, seed=1), prompt_completion_dataset(8)
+    args = DistilArguments(teacher=str(teacher), out=str(tmp_path / "out"))
+    distilled = distil(args, LayerDistillationConfig(output_dir="ignored", **TRAINING), pretraining, sft)
+
+    out = tmp_path / "out"
+    assert distilled == out / DISTILLED
+    # by hand: the paper's selection (every other layer, the last kept), then the trainer with the same options
+    init = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2, "last": 1}},
+                 tmp_path / "init", progress=False)  # fmt: skip
+    assert LayerMap.load(out / INIT) == LayerMap.load(init) == LayerMap.load(distilled)
+    assert LayerMap.load(init).blocks == ((0, 2), (2, 3), (3, 4))
+    trainer = LayerDistillationTrainer(
+        model=str(init),
+        teacher_model=str(teacher),
+        args=LayerDistillationConfig(output_dir=str(tmp_path / "by-hand"), **TRAINING),
+        train_dataset=sft,
+        pretraining_dataset=pretraining,
+        processing_class=AutoTokenizer.from_pretrained(init),
+    )
+    trainer.train()
+    by_hand = {name: value.detach() for name, value in trainer.model.state_dict().items()}
+    ours = _weights(distilled)
+    assert ours.keys() == by_hand.keys()
+    for name, value in ours.items():
+        assert torch.equal(value, by_hand[name]), name
+    # the delta is distilled − init, tensor by tensor
+    delta, initial = _weights(out / DELTA), _weights(out / INIT)
+    for name, value in ours.items():
+        torch.testing.assert_close(delta[name], value - initial[name], rtol=0, atol=0, msg=name)
+    assert not any(path.name.startswith(".") for path in out.iterdir())  # no staging left behind
+
+
+def test_bad_input_is_refused_before_anything_runs(tiny_kit, tmp_path, capsys):
+    teacher = str(tiny_kit.model_dir("llama", "large"))
+    (tmp_path / "taken").mkdir()
+    capsys.readouterr()  # the kit's own progress lines
+    common = ["--teacher", teacher, "--sft_data", "d.jsonl", "--use_cpu"]
+    cases = [
+        ([*common, "--out", str(tmp_path / "taken")], "already exists"),
+        ([*common, "--out", str(tmp_path / "new"), "--layers", "{every: 0}"], "every: expected a positive integer"),
+        ([*common, "--out", str(tmp_path / "new"), "--layers", "[0, 2]"], "--layers expects a mapping"),
+        (["--teacher", teacher, "--out", str(tmp_path / "new"), "--use_cpu"], "give --sft_data, --pretraining_data"),
+    ]
+    for argv, message in cases:
+        try:
+            code = kinfolk_main(["distil", *argv])
+        except SystemExit as exited:  # errors found while parsing exit through argparse
+            code = exited.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_kinfolk_distil_runs_under_two_processes_with_gradient_accumulation(tiny_kit, tmp_path):
+    """Two gloo processes, a YAML config, the paper's phases: every output is written once, by the main process."""
+    text_dataset(8).to_json(tmp_path / "pretraining.jsonl")
+    prompt_completion_dataset(8).to_json(tmp_path / "sft.jsonl")
+    config = {
+        "teacher": str(tiny_kit.model_dir("llama", "large")), "layers": "{layers: [0, 2]}",
+        "pretraining_data": str(tmp_path / "pretraining.jsonl"), "sft_data": str(tmp_path / "sft.jsonl"),
+        "use_cpu": True, "bf16": False, "report_to": [], "max_steps": 4, "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2, "logging_steps": 1, "save_strategy": "steps", "save_steps": 4,
+        "kl_weight": 0.2,
+    }  # fmt: skip
+    (tmp_path / "distil.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "o"
+    kinfolk = Path(sys.executable).with_name("kinfolk")
+    # --multi_gpu on a machine without GPUs starts two gloo (MULTI_CPU) processes through torchrun
+    command = [str(kinfolk), "distil", "--config", str(tmp_path / "distil.yaml"), "--out", str(out),
+               "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no", "--main_process_port", "0"]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((out / "training" / "checkpoint-4" / "trainer_state.json").read_text())
+    logged = [row for row in state["log_history"] if "loss" in row]
+    # 4 steps × 2 processes × 2 rows × 2 micro-batches: one pass of the phase sampler, 2 steps of each phase
+    assert len(logged) == 4 and state["log_history"][-1]["epoch"] == pytest.approx(1.0)
+    assert all(row["distill/kl"] > 0 for row in logged)
+    assert LayerMap.load(out / DISTILLED).blocks == ((0, 2), (2, 4))
+    delta, distilled, initial = _weights(out / DELTA), _weights(out / DISTILLED), _weights(out / INIT)
+    for name, value in distilled.items():
+        torch.testing.assert_close(delta[name], value - initial[name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(value, initial[name]) for name, value in distilled.items())
+
+
+def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts(tiny_kit, tmp_path, monkeypatch):
+    """Each refusal: exit 2, one line naming the culprit, nothing at --out, the inputs untouched, and no process
+    launched (so `--overwrite` has cleared nothing)."""
+    from refusal_helpers import assert_command_refused
+
+    import kinfolk.commands.distil as distil_command
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("accelerate launch started before the bad input was refused")
+
+    monkeypatch.setattr(distil_command, "launch", no_launch)
+    teacher = tiny_kit.model_dir("llama", "large")
+    prompt_completion_dataset(4).to_json(tmp_path / "sft.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "a-file").write_text("not a model")
+    (tmp_path / "not-a-checkpoint").mkdir()
+    out = tmp_path / "out"
+    sft = ["--sft_data", tmp_path / "sft.jsonl", "--use_cpu"]
+    common = ["distil", "--teacher", teacher, "--out", out, "--use_cpu"]
+    cases = [
+        (["distil", "--teacher", tmp_path / "gone", "--out", out, *sft], ["gone", "no such directory"]),
+        (["distil", "--teacher", tmp_path / "a-file", "--out", out, *sft], ["a-file", "is a file"]),
+        ([*common, *sft, "--layers", "{first: 9}"], ["--layers", "first: 9 is more than the teacher's 4 layers"]),
+        ([*common, *sft, "--layers", "{every: [1"], ["--layers", "is not valid YAML"]),
+        ([*common, "--sft_data", tmp_path / "missing.jsonl"], ["missing.jsonl", "no such data file"]),
+        ([*common, "--pretraining_data", tmp_path / "empty.jsonl", *sft], ["empty.jsonl", "is empty"]),
+        ([*common, *sft, "--resume_from_checkpoint", tmp_path / "not-a-checkpoint"], ["not a checkpoint"]),
+        ([*common, *sft, "--resume_from_checkpoint", tmp_path / "nowhere"], ["nowhere", "no such checkpoint"]),
+    ]
+    inputs = [tmp_path / "sft.jsonl", teacher / "config.json"]
+    for argv, named in cases:
+        assert_command_refused(argv, *named, destination=out, inputs=inputs)
+    # an existing --out with --overwrite and a bad input: refused, and the old output is still there
+    out.mkdir()
+    (out / "kept").write_text("old output")
+    assert_command_refused([*common, "--overwrite", "--sft_data", tmp_path / "missing.jsonl"], "missing.jsonl")
+    assert (out / "kept").read_text() == "old output"
