@@ -523,13 +523,13 @@ def test_drift_refuses_a_run_without_its_three_values(drift_runs, tmp_path):
 def no_family_build(monkeypatch):
     """Fails the test if the lab starts building a family (minutes) before refusing."""
     import kinfolk.lab.family
-    import kinfolk.lab.seeded
+    import kinfolk.lab.replication
 
     def refuse(*args, **kwargs):
         raise AssertionError("a family build started before the bad option was refused")
 
     monkeypatch.setattr(kinfolk.lab.family, "build_family", refuse)
-    monkeypatch.setattr(kinfolk.lab.seeded, "build_family", refuse)
+    monkeypatch.setattr(kinfolk.lab.replication, "build_family", refuse)
 
 
 @pytest.mark.parametrize(
