@@ -75,6 +75,7 @@ def test_every_size_is_a_saved_model_with_its_measurements(experiment):
             assert curve["accuracy_concordance"] == concordance(accuracy)
             assert curve["kl_concordance"] == concordance([-size["kl"] for size in curve["chosen"]])
             assert curve["largest_accuracy_drop"] == largest_drop(accuracy)
+            assert curve["student_gap"] == accuracy[-1] - accuracy[0]
             # k = M is the variant itself: no KL, cosine 1 at every layer and position
             full = curve["chosen"][-1]
             assert full["kl"] == pytest.approx(0.0, abs=1e-6)

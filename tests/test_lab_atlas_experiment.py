@@ -149,6 +149,7 @@ def test_fronts_summary_and_plot(tmp_path):
 SMALL = AtlasSettings(
     targets=["reverse"],
     learning_rates=[0.05],
+    regularised_learning_rates=[0.05],
     replay_ratios=[0.25],
     output_kl_coefs=[1.0],
     steps=4,

@@ -103,7 +103,9 @@ class AdaptSettings:
     )
     orders: list[str] = field(default_factory=lambda: list(ORDERS), metadata={"help": "Patch orders."})
     budgets: list[int] = field(
-        default_factory=lambda: [300, 1000],
+        # 300 steps already give a student as accurate as its 8-layer teacher (nothing left to interpolate), so the
+        # short budgets show the curve while the student still trails
+        default_factory=lambda: [30, 100, 300, 1000],
         metadata={"help": "Interpolation stage: steps of each variant's direct two-phase distillation, one run each."},
     )
     steps: int = field(
@@ -428,6 +430,7 @@ class AdaptFamily:
             "accuracy_concordance": concordance(accuracy),
             "kl_concordance": concordance([-value for value in kl]),
             "largest_accuracy_drop": largest_drop(accuracy),
+            "student_gap": accuracy[-1] - accuracy[0],
         }
 
     # --- stages -------------------------------------------------------------------------------------------
@@ -576,6 +579,12 @@ def _interpolation_endpoints(settings: AdaptSettings) -> tuple[list[Endpoint], l
                 f"interpolation/{variant}/{budget} largest accuracy drop",
                 "largest fall in test accuracy from one size to the next (0: never falls)",
                 _curve_value(variant, budget, "largest_accuracy_drop"),
+            ))  # fmt: skip
+            exploratory.append(Endpoint(
+                f"interpolation/{variant}/{budget} student gap",
+                "test accuracy of the variant (k = M) minus its distilled student's (k = 0): what there is to "
+                "interpolate (0: the student already matches it, and every concordance is about ties)",
+                _curve_value(variant, budget, "student_gap"),
             ))  # fmt: skip
     return primary, exploratory
 

@@ -14,8 +14,9 @@ world (`replication.run_families`); inside it, every method learns each target s
   both in pre-training in every answer format (`FAMILY_SHARES`); what an adapter learns is to answer in the
   preferred one, so the frozen model starts well below the ceiling and every method can reach it;
 - a shared learning-rate grid (`learning_rates`) for every method, and for Replay / Output-KL each strength
-  (`replay_ratios`, `output_kl_coefs`) at every rate: one run per (method, rate, strength), measured every
-  `checkpoint_every` steps, so each run traces a curve and no run is spent per target level.
+  (`replay_ratios`, `output_kl_coefs`) at each of a sparser grid of rates (`regularised_learning_rates`): one run
+  per (method, rate, strength), measured every `checkpoint_every` steps, so each run traces a curve and no run is
+  spent per target level.
 
 Measured at every checkpoint, on validation and on test problems of the family's own seed: the target score
 (correct answer in the preferred format), retained KL (KL(frozen ‖ current) on teacher-forced retained contexts,
@@ -93,8 +94,14 @@ class AtlasSettings:
         default_factory=lambda: list(TARGETS), metadata={"help": "Target skills (reverse: overlapping, flip: apart)."}
     )
     methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"help": "Methods (lora first)."})
+    # A first family at 3e-3..1e-1 and 200 steps: every method reached the plateau by step 50 and LoRA's front came
+    # from the lowest rate, so the grid reaches lower and the runs are shorter with denser checkpoints.
     learning_rates: list[float] = field(
-        default_factory=lambda: [3e-3, 1e-2, 3e-2, 1e-1], metadata={"help": "Learning-rate grid of every method."}
+        default_factory=lambda: [1e-3, 3e-3, 1e-2, 3e-2], metadata={"help": "Learning-rate grid of every method."}
+    )
+    regularised_learning_rates: list[float] = field(
+        default_factory=lambda: [3e-3, 3e-2],
+        metadata={"help": "Learning rates of Replay and Output-KL (each at every strength): a sparser grid."},
     )
     replay_ratios: list[float] = field(
         default_factory=lambda: [0.1, 0.25, 0.5], metadata={"help": "Replay's shares of retained examples."}
@@ -102,8 +109,8 @@ class AtlasSettings:
     output_kl_coefs: list[float] = field(
         default_factory=lambda: [0.3, 1.0, 3.0], metadata={"help": "Output-KL's strengths λ."}
     )
-    steps: int = field(default=200, metadata={"help": "Optimiser steps of every run (cosine schedule)."})
-    checkpoint_every: int = field(default=25, metadata={"help": "Steps between measured checkpoints."})
+    steps: int = field(default=100, metadata={"help": "Optimiser steps of every run (cosine schedule)."})
+    checkpoint_every: int = field(default=10, metadata={"help": "Steps between measured checkpoints."})
     rank: int = field(default=4, metadata={"help": "Adapter rank (the width is 128)."})
     layer: int | None = field(
         default=None, metadata={"help": "Adapted decoder layer (default: mid depth, the paper's 17/36)."}
@@ -117,7 +124,7 @@ class AtlasSettings:
     )
     kl_contexts: int = field(default=128, metadata={"help": "Retained-KL contexts per split (validation, test)."})
     validation_problems: int = field(default=100, metadata={"help": "Validation problems per skill."})
-    eval_problems: int = field(default=200, metadata={"help": "Test problems per skill."})
+    eval_problems: int = field(default=100, metadata={"help": "Test problems per skill."})
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(METHODS)) + sorted(set(self.targets) - set(SKILLS))
@@ -127,6 +134,9 @@ class AtlasSettings:
             raise ValueError(f"the methods must include the baseline {BASELINE!r}: every endpoint is paired with it")
         if RETAINED in self.targets:
             raise ValueError(f"{RETAINED!r} is the retained skill, not a target")
+
+    def rates(self, method: str) -> list[float]:
+        return list(self.regularised_learning_rates if method in REGULARISERS else self.learning_rates)
 
     def strengths(self, method: str) -> list[float | None]:
         option = REGULARISERS.get(method)
@@ -482,7 +492,7 @@ def atlas_family(family: Family, work: Path, settings: AtlasSettings) -> dict[st
         for target in settings.targets:
             runs = {}
             for method in settings.methods:
-                for learning_rate in settings.learning_rates:
+                for learning_rate in settings.rates(method):
                     for strength in settings.strengths(method):
                         name = run_name(method, learning_rate, strength)
                         runs[name] = cached_json(
