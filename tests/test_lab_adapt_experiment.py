@@ -21,6 +21,7 @@ from kinfolk.lab.adapt_experiment import (
     format_of,
     graded_problems,
     largest_drop,
+    plot_curves,
     run_adapt,
     teacher_agreement,
 )
@@ -204,6 +205,20 @@ def test_endpoints_are_the_declared_functions_of_the_record(experiment):
         pytest.approx(np.mean([v["gain_at_cost"] for v in verdicts]), abs=1e-6)
     ]
     assert results["families"] == [0] and all(entry["ci95"] is None for entry in endpoints.values())  # 1 family
+
+
+def test_the_results_carry_every_curve_of_the_record_and_plot_them(experiment, tmp_path):
+    results, record = experiment["results"], experiment["record"]
+    chosen = record["interpolation"]["large_bracket"]["3"]["chosen"]
+    assert results["curves"]["interpolation"]["large_bracket"]["3"]["0"] == {
+        "layers": [size["layers"] for size in chosen],
+        "accuracy": [size["test"]["mean"] for size in chosen],
+        "kl": [size["kl"] for size in chosen],
+    }
+    transfer = results["curves"]["transfer"]["large_instruct"]
+    assert set(transfer) == set(METHODS)
+    assert transfer["cross-patch"]["0"]["kl"] == [s["kl"] for s in record["transfer"]["large_instruct"]["curves"]["cross-patch"]["chosen"]]  # fmt: skip
+    assert plot_curves(results, tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_settings_are_checked():
