@@ -2,6 +2,7 @@
 one micro family whose measurements are recomputed from saved adapters or checked against identities (a fresh adapter
 is the frozen model)."""
 
+import dataclasses
 import json
 import math
 
@@ -248,3 +249,7 @@ def test_one_micro_family_runs_every_method_through_the_runner(micro_family, tmp
         tmp_path / "out", [0], SMALL, cache_dir=micro_family.root.parent, progress=False
     )
     assert again["endpoints"] == results["endpoints"]
+    # under other settings nothing is read back: a run of 2 steps is not one of 4
+    shorter = dataclasses.replace(SMALL, steps=2, methods=["lora"])
+    with pytest.raises(pytest.fail.Exception, match="trained again"):
+        atlas_experiment.run_atlas(tmp_path / "out", [0], shorter, cache_dir=micro_family.root.parent, progress=False)

@@ -66,7 +66,7 @@ from datasets import Dataset
 
 from kinfolk.lab import corpus
 from kinfolk.lab.family import Family, LabConfig
-from kinfolk.lab.replication import Endpoint, run_families
+from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
 from kinfolk.lab.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TARGET, answer_of, render
 from kinfolk.lab.tokenizer import MAX_LENGTH
 from kinfolk.lab.training import lab_trainer, save_model, single_threaded
@@ -110,6 +110,7 @@ class AtlasSettings:
         default_factory=lambda: [0.3, 1.0, 3.0], metadata={"help": "Output-KL's strengths λ."}
     )
     steps: int = field(default=100, metadata={"help": "Optimiser steps of every run (cosine schedule)."})
+    batch_size: int = field(default=16, metadata={"help": "Target examples per optimiser step."})
     checkpoint_every: int = field(default=10, metadata={"help": "Steps between measured checkpoints."})
     rank: int = field(default=4, metadata={"help": "Adapter rank (the width is 128)."})
     layer: int | None = field(
@@ -123,7 +124,7 @@ class AtlasSettings:
         default=512, metadata={"help": "Retained train-split rows that fit the atlas and CorDA and feed Replay/KL."}
     )
     kl_contexts: int = field(default=128, metadata={"help": "Retained-KL contexts per split (validation, test)."})
-    validation_problems: int = field(default=100, metadata={"help": "Validation problems per skill."})
+    validation_problems: int = field(default=50, metadata={"help": "Validation problems per skill."})
     eval_problems: int = field(default=100, metadata={"help": "Test problems per skill."})
 
     def __post_init__(self) -> None:
@@ -447,6 +448,7 @@ def train_run(
             settings.steps,
             learning_rate,
             seed=seed,
+            batch_size=settings.batch_size,
             progress=False,
             retained_dataset=context.fit_data if regulariser else None,
             **regulariser,
@@ -476,8 +478,8 @@ def run_name(method: str, learning_rate: float, strength: float | None) -> str:
 def atlas_family(family: Family, work: Path, settings: AtlasSettings) -> dict[str, Any]:
     """One family's record: frozen scores, the atlas geometry, every run's checkpoints and the per-target analysis.
     Each run is kept under `work` as soon as it is done, so a stopped family resumes at its next run."""
-    from kinfolk.lab.replication import cached_json
-
+    # a run is kept under the settings that made it: a changed step count or grid must not reuse it
+    work = work / f"settings-{settings_key(dataclasses.asdict(settings))}"
     with single_threaded():
         context = prepare(family, settings)
         record: dict[str, Any] = {
