@@ -696,12 +696,15 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
         for column, measure in enumerate(("accuracy", "kl")):
             axis = axes[row][column]
             for colour, (line, families) in zip(palette, lines.items()):
-                sizes = np.arange(len(next(iter(families.values()))[measure]))
                 values = np.asarray([family[measure] for family in families.values()], dtype=float)
+                if measure == "kl":  # k = M is the variant itself: KL 0, nothing to draw on a log axis
+                    values = np.clip(values[:, :-1], 1e-6, None)
+                sizes = np.arange(values.shape[1])
+                axis.set_xticks(sizes)
                 for values_of_family in values:
                     axis.plot(sizes, values_of_family, color=colour, linewidth=0.6, alpha=0.35)
                 if measure == "kl":
-                    mean = np.exp(np.log(np.clip(values, 1e-6, None)).mean(axis=0))
+                    mean = np.exp(np.log(values).mean(axis=0))
                 else:
                     mean = values.mean(axis=0)
                 label = f"{line} steps" if stage == "interpolation" else line
@@ -709,7 +712,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
             if measure == "kl":
                 axis.set_yscale("log")
             axis.set_xlabel("size k (blocks patched back: 0 the student ... M the variant)")
-            axis.set_ylabel("test accuracy" if measure == "accuracy" else "KL(variant ‖ model), floor 1e-6")
+            axis.set_ylabel("test accuracy" if measure == "accuracy" else "KL(variant ‖ model), k < M")
             axis.set_title(f"{stage}: {variant} ({len(next(iter(lines.values())))} families)")
             axis.legend(fontsize=7)
     figure.tight_layout()
