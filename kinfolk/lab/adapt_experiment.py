@@ -656,6 +656,9 @@ def declare_endpoints(settings: AdaptSettings) -> list[Endpoint]:
 
 
 # ------------------------------------------------------------------------------------------------ curves and plot
+_CURVE_READS = {"layers": lambda s: s["layers"], "accuracy": lambda s: s["test"]["mean"], "kl": lambda s: s["kl"]}
+
+
 def curves_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Every family's curves (test accuracy and KL to the variant per size k, the sizes' layer counts): per variant,
     the interpolation stage's per budget and the transfer stage's per method, for the plot."""
@@ -674,9 +677,6 @@ def curves_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             for method, entry in stage["curves"].items():
                 curves["transfer"].setdefault(variant, {}).setdefault(method, {})[family] = curve(entry)
     return {"curves": curves}
-
-
-_CURVE_READS = {"layers": lambda s: s["layers"], "accuracy": lambda s: s["test"]["mean"], "kl": lambda s: s["kl"]}
 
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> Path:

@@ -137,6 +137,7 @@ class AtlasSettings:
             raise ValueError(f"{RETAINED!r} is the retained skill, not a target")
 
     def rates(self, method: str) -> list[float]:
+        """The learning rates `method` runs at (Replay and Output-KL: the sparser grid)."""
         return list(self.regularised_learning_rates if method in REGULARISERS else self.learning_rates)
 
     def strengths(self, method: str) -> list[float | None]:
