@@ -30,7 +30,7 @@ differences (weight-delta − cross-patch, weight-delta − distilled, mean over
 routing gain (routed accuracy at each fixed size's cost minus its accuracy, mean over sizes); the rest is exploratory.
 
 >>> [e.name for e in declare_endpoints(AdaptSettings()) if e.primary][:2]
-['interpolation/large_instruct/300 accuracy concordance', 'interpolation/large_instruct/300 KL concordance']
+['interpolation/large_instruct/30 accuracy concordance', 'interpolation/large_instruct/30 KL concordance']
 """
 
 from __future__ import annotations
