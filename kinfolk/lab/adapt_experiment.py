@@ -52,6 +52,7 @@ from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.family import BRACKET_FORMAT, Family, LabConfig
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
+from kinfolk.lab.report import plot_families
 from kinfolk.lab.skills import ALL_SKILLS, GRADED, GRADED_LENGTHS, HELD_OUT, RETAINED, TARGET
 from kinfolk.lab.tokenizer import MAX_LENGTH
 from kinfolk.lab.training import single_threaded
@@ -699,16 +700,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
                 values = np.asarray([family[measure] for family in families.values()], dtype=float)
                 if measure == "kl":  # k = M is the variant itself: KL 0, nothing to draw on a log axis
                     values = np.clip(values[:, :-1], 1e-6, None)
-                sizes = np.arange(values.shape[1])
-                axis.set_xticks(sizes)
-                for values_of_family in values:
-                    axis.plot(sizes, values_of_family, color=colour, linewidth=0.6, alpha=0.35)
-                if measure == "kl":
-                    mean = np.exp(np.log(values).mean(axis=0))
-                else:
-                    mean = values.mean(axis=0)
                 label = f"{line} steps" if stage == "interpolation" else line
-                axis.plot(sizes, mean, color=colour, linewidth=2.2, marker="o", markersize=3, label=label)
+                sizes = np.arange(values.shape[1])
+                plot_families(axis, sizes, values, colour, label, geometric=measure == "kl", marker="o", markersize=3)
+                axis.set_xticks(sizes)
             if measure == "kl":
                 axis.set_yscale("log")
             axis.set_xlabel("size k (blocks patched back: 0 the student ... M the variant)")

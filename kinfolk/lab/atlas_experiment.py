@@ -67,6 +67,7 @@ from datasets import Dataset
 from kinfolk.lab import corpus
 from kinfolk.lab.family import Family, LabConfig
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
+from kinfolk.lab.report import plot_families
 from kinfolk.lab.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TARGET, answer_of, render
 from kinfolk.lab.tokenizer import MAX_LENGTH
 from kinfolk.lab.training import lab_trainer, save_model, single_threaded
@@ -845,15 +846,8 @@ def plot_fronts(results: dict[str, Any], path: str | Path) -> Path:
             axis = axes[row][column]
             for method in methods:
                 curves = [f["methods"][method][measure] for f in entry["families"].values() if method in f["methods"]]
-                values = np.asarray([[np.nan if v is None else v for v in curve] for curve in curves], dtype=float)
-                for curve in values:
-                    axis.plot(grid, curve, color=colours[method], linewidth=0.6, alpha=0.35)
-                everywhere = ~np.isnan(values).any(axis=0)
-                if measure == "kl":
-                    mean = np.exp(np.log(np.clip(values, 1e-12, None)).mean(axis=0))
-                else:
-                    mean = values.mean(axis=0)
-                axis.plot(grid[everywhere], mean[everywhere], color=colours[method], linewidth=2.2, label=method)
+                values = [[np.nan if v is None else v for v in curve] for curve in curves]
+                plot_families(axis, grid, values, colours[method], method, geometric=measure == "kl")
             if measure == "kl":
                 axis.set_yscale("log")
             axis.set_ylabel(label)
