@@ -2,13 +2,12 @@
 as 3 + 4; one row leaves rank 0 with none), pool the k-means and PCA sums, and end with one bit-identical atlas that
 is as good as one process's on all the rows. See tests/atlas_fit_ddp_job.py."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from two_processes import torchrun
 
 from kinfolk.plugins.atlas.kmeans import inertia, nearest
 
@@ -17,16 +16,6 @@ sys.path.insert(0, str(JOB.parent))
 from atlas_fit_ddp_job import CASES, fit_case, inputs_of  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]
-
-
-def torchrun(script: Path, *arguments: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`script` under two gloo worker processes on a free port (`--standalone`), one thread each."""
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-    environment["PYTHONPATH"] = os.pathsep.join([str(script.parent), environment.get("PYTHONPATH", "")])
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    finished = subprocess.run([*command, *arguments], env=environment, capture_output=True, text=True, timeout=timeout)
-    assert finished.returncode == 0, finished.stderr[-6000:]
-    return finished
 
 
 @pytest.fixture(scope="module")
