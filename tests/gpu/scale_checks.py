@@ -182,7 +182,30 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         if not all("distill/kl" in entry and entry["distill/kl"] >= 0 for entry in train_records(trainer)):
             failures.append("a step logged no (or a negative) distill/kl")
 
+    def output_kl(figures, failures):
+        """Output-KL trains under DDP and ZeRO-2 (FSDP2 and ZeRO-3 are documented as not supported)."""
+        from peft import LoraConfig
+
+        from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+        options = common_args(out / f"{tag}-output-kl", deepspeed=deepspeed, bf16=True, output_kl_coef=1.0)
+        trainer = WeightedSFTTrainer(
+            model=model(tok),
+            args=WeightedSFTConfig(**options, output_kl_batch_size=4),
+            train_dataset=weighted_data(64),
+            processing_class=tok,
+            peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]),
+            retained_dataset=retained_data(),
+        )
+        trainer.train()
+        figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} output-kl")
+        figures["output_kl"] = [entry.get("output_kl") for entry in train_records(trainer)]
+        if not all(value is not None and value >= -1e-6 for value in figures["output_kl"]):
+            failures.append(f"a step logged no (or a negative) output_kl: {figures['output_kl']}")
+
     guarded(out, f"{tag}_fit_atlas", fit_atlas_across_ranks)
+    if tag in ("ddp", "zero2"):
+        guarded(out, f"{tag}_output_kl", output_kl)
     guarded(out, f"{tag}_weighted_identity", weighted_identity)
     guarded(out, f"{tag}_distillation", distillation)
 
