@@ -46,8 +46,9 @@ def blob_model(num_regions: int, num_directions: int) -> nn.Module:
     )
 
 
-def fit_case(name: str, model_dir: str) -> dict:
-    """Fit case `name` (under whatever process group is initialised); the atlas, the report and the forward rows."""
+def fit_case(name: str, model_dir: str, own_share: bool = False) -> dict:
+    """Fit case `name` (under whatever process group is initialised); the atlas, the report and the forward rows.
+    `own_share`: each rank passes only its own block of the rows, with `split_across_ranks=False`."""
     rows, regions, directions = CASES[name]
     forwarded = []
 
@@ -63,7 +64,18 @@ def fit_case(name: str, model_dir: str) -> dict:
         config = AtlasConfig(r=4, num_regions=regions, num_directions=directions)
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config)
         data, module = text_dataset(rows), O_PROJ
-    report = fit_atlas(model, data, tokenizer=tokenizer, batch_size=2, forward_fn=counting, progress=False)
+    if own_share:
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        data = data.select(range(rank * rows // world, (rank + 1) * rows // world))
+    report = fit_atlas(
+        model,
+        data,
+        tokenizer=tokenizer,
+        batch_size=2,
+        forward_fn=counting,
+        progress=False,
+        split_across_ranks=not own_share,
+    )
     layer = model.base_model.model.get_submodule(module)
     return {
         "atlas": {key: getattr(layer, f"atlas_{key}")["default"].clone() for key in ATLAS_BUFFERS},
@@ -100,6 +112,7 @@ if __name__ == "__main__":
     rank = torch.distributed.get_rank()
     results = {"world_size": torch.distributed.get_world_size()}
     results.update({name: fit_case(name, model_dir) for name in CASES})
+    results["lm_regions_own_share"] = fit_case("lm_regions", model_dir, own_share=True)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

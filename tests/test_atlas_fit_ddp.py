@@ -51,6 +51,16 @@ def test_every_rank_holds_the_same_atlas_and_ran_its_share_of_the_rows(fits, nam
     assert ranks[0][name]["tokens"] == single[name]["tokens"] == sum(ranks[0][name]["region_tokens"])
 
 
+def test_ranks_given_their_own_shares_fit_the_same_atlas(fits):
+    """split_across_ranks=False (data already sharded, e.g. by accelerate): the same blocks, the same atlas."""
+    _, ranks, _ = fits
+    for record in ranks:
+        shared, own = record["lm_regions"], record["lm_regions_own_share"]
+        assert own["rank_rows"] == shared["rank_rows"] == [3, 4]
+        for key, tensor in shared["atlas"].items():
+            assert torch.equal(own["atlas"][key], tensor), key
+
+
 def test_a_rank_without_rows_still_gives_global_pca(fits):
     _, ranks, single = fits
     assert ranks[0]["lm_one_row"]["rank_rows"] == [0, 1]
