@@ -12,10 +12,9 @@ rows, and FSDP2 averages gradients over the ranks. `run(..., sharded=False)` is 
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
-from fsdp2_job import _all_reduce, _full_grads, _my_rows, _shard, _world
+from fsdp2_job import ROWS, _all_reduce, _full_grads, _shard, _world, run_sharded, training_step_on_my_rows
 from peft import get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -23,7 +22,6 @@ from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
-ROWS = 4
 CPU = {"use_cpu": True, "bf16": False, "report_to": [], "save_strategy": "no", "max_length": 64, "seed": 0}
 
 
@@ -55,12 +53,7 @@ def distil(teacher_dir: str, student_dir: str, output_dir: str, sharded: bool) -
     model = trainer.model
     if sharded:
         _shard(model)
-    rows = [trainer.train_dataset[index] for index in range(ROWS)]
-    mine = _my_rows(rows, sharded)
-    batches = [trainer.data_collator(mine[start : start + ROWS // 2]) for start in range(0, len(mine), ROWS // 2)]
-    batches, num_items = trainer.get_batch_samples(iter(batches), len(batches), trainer.args.device)
-    trainer.current_gradient_accumulation_steps = len(batches)
-    loss = sum(trainer.training_step(model, batch, num_items) for batch in batches)
+    loss = training_step_on_my_rows(trainer, model, sharded)
     return {"distil_loss": float(_all_reduce(loss.clone()) / _world()[1]), "distil_grads": _full_grads(model)}
 
 
@@ -77,12 +70,4 @@ def run(teacher_dir: str, student_dir: str, output_dir: str, sharded: bool) -> d
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    teacher_dir, student_dir, out = sys.argv[1:4]
-    torch.distributed.init_process_group("gloo")
-    results = run(teacher_dir, student_dir, os.path.dirname(out), sharded=True)
-    results["world_size"] = _world()[1]
-    if _world()[0] == 0:
-        torch.save(results, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    run_sharded(run)

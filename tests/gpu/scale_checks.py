@@ -15,7 +15,6 @@ the plumbing with gradient checkpointing in their place.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import os
@@ -31,6 +30,7 @@ from gpu_checks import (  # noqa: E402
     CPU_DRY_RUN,
     STEP1_TOLERANCE,
     check_losses,
+    cli,
     common_args,
     guarded,
     model,
@@ -211,23 +211,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("single").add_argument("out", type=Path)
-    launch = sub.add_parser("launched")
-    launch.add_argument("tag")
-    launch.add_argument("out", type=Path)
-    launch.add_argument("--deepspeed", default=None)
-    args = parser.parse_args(argv)
-    if not CPU_DRY_RUN and not torch.cuda.is_available():
-        print("no CUDA device: set KINFOLK_GPU_CHECKS_DEVICE=cpu for a dry run", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.command == "single":
-        single(args.out)
-    else:
-        launched(args.tag, args.out, args.deepspeed)
-    return 0
+    return cli(argv, __doc__.split("\n\n")[0], single, launched)
 
 
 if __name__ == "__main__":
