@@ -46,7 +46,7 @@ def blob_model(num_regions: int, num_directions: int) -> nn.Module:
     )
 
 
-def fit_case(name: str, model_dir: str, own_share: bool = False) -> dict:
+def fit_case(name: str, model_dir: str, own_share: bool = False, seed: int = 0) -> dict:
     """Fit case `name` (under whatever process group is initialised); the atlas, the report and the forward rows.
     `own_share`: each rank passes only its own block of the rows, with `split_across_ranks=False`."""
     rows, regions, directions = CASES[name]
@@ -74,6 +74,7 @@ def fit_case(name: str, model_dir: str, own_share: bool = False) -> dict:
         batch_size=2,
         forward_fn=counting,
         progress=False,
+        seed=seed,
         split_across_ranks=not own_share,
     )
     layer = model.base_model.model.get_submodule(module)

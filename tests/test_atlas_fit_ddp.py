@@ -74,12 +74,16 @@ def test_a_rank_without_rows_still_gives_global_pca(fits):
 
 @pytest.mark.parametrize("name", ["lm_regions", "mlp_blobs"])
 def test_the_pooled_fit_is_as_good_as_one_process_on_all_rows(fits, name):
+    """Against the median of five one-process fits (seeds 0-4): on structureless activations one process's own
+    optimum moves with the seed (lm_regions: inertias within ±20 % of the pooled fit's), so one seed's fit would
+    make the comparison a coin toss; the pooled fit must be at least as good as a typical one."""
     model_dir, ranks, single = fits
-    pooled, reference = ranks[0][name]["atlas"]["centers"], single[name]["atlas"]["centers"]
+    pooled = ranks[0][name]["atlas"]["centers"]
     rows = inputs_of(name, model_dir)
     assert rows.shape[0] == single[name]["tokens"]
-    ratio = inertia(rows, pooled) / inertia(rows, reference)
-    assert ratio < 1.01, ratio  # lm_regions: 0.73 here (one process, seed 0, stops in a worse optimum)
+    one_process = sorted(inertia(rows, fit_case(name, model_dir, seed=seed)["atlas"]["centers"]) for seed in range(5))
+    ratio = inertia(rows, pooled) / one_process[2]
+    assert ratio < 1.01, (ratio, one_process)
 
 
 def test_separated_regions_route_held_out_points_as_one_process_does(fits):
