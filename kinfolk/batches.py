@@ -28,13 +28,15 @@ def retained_batches(
     max_length: int | None = 1024,
     batch_size: int = 8,
     sft_args=None,
+    dataset_name: str = "retained",
 ) -> list[dict[str, torch.Tensor]]:
     """Padded CPU batches (`input_ids`, `attention_mask`, `labels`) of `dataset`, rows cut to `max_length` tokens.
 
     An SFT-format dataset is tokenised with `kinfolk.tokens.sft_tokenize` (`sft_args`: the trainer's SFT options);
-    one that already has `input_ids` is used as is. `positions="response"` keeps the `labels` (-100 outside the
-    tokens the trainer trains on); `"all"` labels every token. Rows are sorted longest first: less padding per
-    batch, and a batch too large for memory fails on the first step.
+    one that already has `input_ids` is used as is; `dataset_name` names it in the progress bar and errors.
+    `positions="response"` keeps the `labels` (-100 outside the tokens the trainer trains on); `"all"` labels every
+    token. Rows are sorted longest first: less padding per batch, and a batch too large for memory fails on the
+    first step.
     """
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
@@ -45,7 +47,7 @@ def retained_batches(
             raise ValueError(
                 f"the retained dataset of raw text (columns {dataset.column_names}) needs `tokenizer=` to tokenise"
             )
-        dataset = sft_tokenize(dataset, tokenizer, sft_args)
+        dataset = sft_tokenize(dataset, tokenizer, sft_args, dataset_name=dataset_name)
     if positions == "response" and "labels" not in dataset.column_names:
         raise DatasetFormatError(
             "positions='response' needs `labels` (-100 outside the response) in a pre-tokenised retained dataset; "

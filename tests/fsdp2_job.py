@@ -105,6 +105,18 @@ def atlas_and_retained_kl(base_dir: str, adapter_dir: str, output_dir: str, shar
     }
 
 
+def training_step_on_my_rows(trainer, model: torch.nn.Module, sharded: bool) -> torch.Tensor:
+    """One optimiser step's `training_step`s as the training loop runs them: this rank's half of the trainer's first
+    ROWS rows in micro-batches of ROWS // 2 (one process: all of them, two micro-batches), prepared by
+    `get_batch_samples`; returns the summed loss of this rank's micro-batches."""
+    rows = [trainer.train_dataset[index] for index in range(ROWS)]
+    mine = _my_rows(rows, sharded)
+    batches = [trainer.data_collator(mine[start : start + ROWS // 2]) for start in range(0, len(mine), ROWS // 2)]
+    batches, num_items = trainer.get_batch_samples(iter(batches), len(batches), trainer.args.device)
+    trainer.current_gradient_accumulation_steps = len(batches)
+    return sum(trainer.training_step(model, batch, num_items) for batch in batches)
+
+
 def weighted_sft(base_dir: str, output_dir: str, sharded: bool) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
@@ -126,12 +138,7 @@ def weighted_sft(base_dir: str, output_dir: str, sharded: bool) -> dict:
     if sharded:
         _shard(model)
         sharded_parameters = sum(type(p).__name__ == "DTensor" for p in model.parameters())
-    rows = [trainer.train_dataset[index] for index in range(ROWS)]
-    mine = _my_rows(rows, sharded)
-    batches = [trainer.data_collator(mine[start : start + ROWS // 2]) for start in range(0, len(mine), ROWS // 2)]
-    batches, num_items = trainer.get_batch_samples(iter(batches), len(batches), trainer.args.device)
-    trainer.current_gradient_accumulation_steps = len(batches)
-    loss = sum(trainer.training_step(model, batch, num_items) for batch in batches)
+    loss = training_step_on_my_rows(trainer, model, sharded)
     return {
         "weighted_loss": float(_all_reduce(loss.clone()) / _world()[1]),
         "weighted_grads": _full_grads(model),
@@ -147,12 +154,19 @@ def run(base_dir: str, adapter_dir: str, output_dir: str, sharded: bool) -> dict
     }
 
 
-if __name__ == "__main__":
+def run_sharded(run_parts) -> None:
+    """A job's main under torchrun: `run_parts(FIRST, SECOND, directory of OUT.pt, sharded=True)` over gloo, its
+    results saved by rank 0 to OUT.pt (argv: FIRST SECOND OUT.pt), then the group torn down."""
     torch.set_num_threads(1)
-    base_dir, adapter_dir, out = sys.argv[1:4]
+    first, second, out = sys.argv[1:4]
     torch.distributed.init_process_group("gloo")
-    results = run(base_dir, adapter_dir, os.path.dirname(out), sharded=True)
+    results = run_parts(first, second, os.path.dirname(out), sharded=True)
     results["world_size"] = _world()[1]
     if _world()[0] == 0:
         torch.save(results, out)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_sharded(run)

@@ -1,5 +1,7 @@
 """Streamed k-means and `fit_atlas`, checked against direct computations on the collected activations."""
 
+import warnings
+
 import pytest
 import torch
 from peft import PeftModel, get_peft_model
@@ -246,3 +248,23 @@ def test_fit_errors_name_the_problem(tiny_kit, tiny_tokenizer):
         fit_atlas(model, text_dataset(2), tokenizer=tiny_tokenizer, adapter_name="nope", progress=False)
     with pytest.raises(ValueError, match="at least 4 rows"):
         fit_atlas(model, text_dataset(1), tokenizer=tiny_tokenizer, max_length=2, progress=False)
+
+
+def test_regions_with_fewer_tokens_than_directions_are_named(tiny_kit, tiny_tokenizer):
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_kit.model_dir("llama")), AtlasConfig(num_regions=4, num_directions=8)
+    )
+    with pytest.warns(
+        UserWarning, match=r"fewer tokens than the 8 directions per region \(region_tokens=\["
+    ) as caught:
+        report = fit_atlas(model, text_dataset(1), tokenizer=tiny_tokenizer, max_length=6, progress=False)
+    counts = next(iter(report.region_tokens.values()))
+    assert sum(counts) == 6
+    assert str(counts) in str(caught[0].message)
+    # enough tokens per region: no warning
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_kit.model_dir("llama")), AtlasConfig(num_regions=1, num_directions=2)
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="atlas of")
+        fit_atlas(model, text_dataset(4), tokenizer=tiny_tokenizer, progress=False)

@@ -83,6 +83,7 @@ def test_bad_input_is_refused_before_anything_runs(tiny_kit, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
 def test_kinfolk_distil_runs_under_two_processes_with_gradient_accumulation(tiny_kit, tmp_path):
     """Two gloo processes, a YAML config, the paper's phases: every output is written once, by the main process."""
     text_dataset(8).to_json(tmp_path / "pretraining.jsonl")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 JOB = Path(__file__).with_name("fsdp2_job.py")
+pytestmark = pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ DDP_JOB = Path(__file__).with_name("retained_kl_ddp_job.py")
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
 @pytest.mark.parametrize("cache", ["auto", "hidden"])
 def test_two_processes_log_the_kl_of_the_whole_retained_set(tiny_tokenizer, tmp_path, cache):
     run_dir = tmp_path / "run"

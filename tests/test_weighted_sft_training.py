@@ -215,6 +215,7 @@ DDP_JOB = Path(__file__).with_name("weighted_sft_ddp_job.py")
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
 @pytest.mark.parametrize("mode", ["weights", "output_kl"])
 def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_path, mode):
     """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows.

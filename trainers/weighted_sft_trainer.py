@@ -192,6 +192,15 @@ def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_co
         raise ValueError("WeightedSFTTrainer cannot honour these options: " + "; ".join(reasons) + ".")
 
 
+def _refuse_sequence_sharding(parallelism: Any) -> None:
+    if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
+        kind = "context" if parallelism.cp_enabled else "sequence"
+        raise ValueError(
+            f"WeightedSFTTrainer does not support {kind} parallelism (`parallelism_config`): it shards each batch "
+            "along the sequence, and the per-token loss weights are not sharded with it."
+        )
+
+
 def _check_datasets(args: WeightedSFTConfig, formatted: bool, **datasets: Any) -> None:
     """Refuse a dataset without rows before SFTTrainer reads its first row (a bare StopIteration there), and one
     without the columns of any SFT format (TRL's KeyError) unless a `formatting_func` builds the text."""
@@ -233,6 +242,7 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
     ):
         args = _weighted_config(args, model)
         _reject_unsupported(args, compute_loss_func, data_collator)
+        _refuse_sequence_sharding(args.parallelism_config)  # before accelerate sets up the mesh it needs
         _check_datasets(args, kwargs.get("formatting_func") is not None, train=train_dataset, eval=eval_dataset)
         # Read by `_prepare_dataset`, which SFTTrainer.__init__ calls.
         self._retained_source = _retained_source(args, retained_dataset)
@@ -249,12 +259,8 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
         warn_if_fewer_processes(self.args.world_size)
         if self._skip_prepare_dataset:  # vision datasets are prepared on the fly, without weight columns
             raise ValueError("WeightedSFTTrainer supports text datasets only; this dataset holds images.")
-        parallelism = self.accelerator.parallelism_config
-        if parallelism is not None and (parallelism.cp_enabled or parallelism.sp_enabled):
-            raise ValueError(
-                "WeightedSFTTrainer does not support context or sequence parallelism: they shard the batch along the "
-                "sequence, and the per-token loss weights are not sharded with it."
-            )
+        # an accelerate config file can enable it without `args.parallelism_config`
+        _refuse_sequence_sharding(self.accelerator.parallelism_config)
         if args.prompt_loss_weight > 0 and not self.completion_only_loss and not args.assistant_only_loss:
             logger.warning(
                 f"prompt_loss_weight={args.prompt_loss_weight} has no effect: SFTTrainer already trains on every "

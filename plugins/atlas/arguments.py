@@ -132,8 +132,15 @@ def sft_check(options: AtlasArguments, args) -> None:
 
 
 def sft_prepare(options: AtlasArguments, trainer) -> None:
-    """`kinfolk sft` hook: fit the atlas on the built trainer's model before training (`_retained_for_sft`). Every
-    process fits the same atlas from the same data (DDP's start-up broadcast would align them anyway)."""
+    """`kinfolk sft` hook: fit the atlas on the built trainer's model before training (`_retained_for_sft`). Under
+    several processes they fit one atlas together, each running the model on its share of the retained rows."""
     retained = _retained_for_sft(options, trainer.args)
     if retained is not None:
-        options.fit(trainer.model, trainer.processing_class, trainer.accelerator.is_local_main_process, retained)
+        report = options.fit(
+            trainer.model, trainer.processing_class, trainer.accelerator.is_local_main_process, retained
+        )
+        shares = f" across {len(report.rank_rows)} processes (rows per process {report.rank_rows})"
+        trainer.accelerator.print(
+            f"ATLAS: atlas fitted on {report.tokens} retained tokens{shares if len(report.rank_rows) > 1 else ''}"
+            f" in {report.seconds:.1f} s"
+        )

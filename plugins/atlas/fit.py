@@ -10,6 +10,11 @@ each region's covariance (and of its image `W Σ Wᵀ` on the output side) becom
 temperature and distance scale are calibrated on a uniform sample of the tokens. Everything is written into the
 adapter's persistent buffers, so `save_pretrained` stores it. The definitions are in `layer.py`.
 
+Under several processes (`torchrun`, `accelerate launch`; any initialised `torch.distributed` group) it is called as
+a trainer is, with the same data on every rank: each rank runs the model on its own share of the rows and the
+k-means statistics are pooled across ranks (`ranks.py`), so the ranks fit one atlas together, bit-identical on
+every rank (rank 0's tensors are broadcast at the end).
+
 >>> from peft import get_peft_model
 >>> from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 >>> from kinfolk.testing import build_model, build_tokenizer, text_dataset
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -34,11 +40,13 @@ from torch import nn
 from kinfolk.errors import EmptyDatasetError
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, squared_distances
 from kinfolk.plugins.atlas.layer import AtlasLayer, route
+from kinfolk.plugins.atlas.ranks import Ranks
 
 
 @dataclass
 class AtlasFit:
-    """What `fit_atlas` did: the adapted modules it fitted, tokens per module, passes, time and the atlas size."""
+    """What `fit_atlas` did: the adapted modules it fitted, tokens per module (over all ranks), passes, time, the atlas
+    size, each region's token count per module, and the rows (of data or batches) each rank ran the model on."""
 
     modules: list[str]
     tokens: int
@@ -46,6 +54,7 @@ class AtlasFit:
     seconds: float
     atlas_nbytes: int
     region_tokens: dict[str, list[int]] = field(default_factory=dict)
+    rank_rows: list[int] = field(default_factory=list)
 
 
 class _StopForward(Exception):
@@ -67,6 +76,7 @@ def fit_atlas(
     seed: int = 0,
     forward_fn: Callable[[nn.Module, dict], object] | None = None,
     progress: bool = True,
+    split_across_ranks: bool = True,
 ) -> AtlasFit:
     """Fit the atlas of `adapter_name` (default: the active adapter) on `data` and write it into the adapter.
 
@@ -83,6 +93,9 @@ def fit_atlas(
             the model runs `1 + minibatch_epochs + lloyd_passes` times over the data, up to the adapted layer.
         forward_fn: `forward_fn(model, batch)` runs the model on a batch; default `model(**batch)` without labels.
         progress: tqdm bars per pass.
+        split_across_ranks: under several processes, each rank takes its share of `data` (a dataset's rows in
+            contiguous blocks, every N-th batch of other data). False when each rank's `data` is already its own
+            share (e.g. a data loader prepared by accelerate); the statistics are pooled either way.
     """
     adapter_name = adapter_name or _active_adapter(model)
     layers = {
@@ -97,7 +110,8 @@ def fit_atlas(
         config.num_regions if config is not None else next(iter(layers.values())).atlas_centers[adapter_name].shape[0]
     )
     temperature = config.routing_temperature if config is not None else 1.0
-    batches = batches_of(data, tokenizer, batch_size, max_length)
+    ranks = Ranks.current()
+    batches = batches_of(data, tokenizer, batch_size, max_length, ranks if split_across_ranks else Ranks())
     forward_fn = forward_fn or _default_forward
     device = _model_device(model)
     kmeans = {
@@ -107,6 +121,7 @@ def fit_atlas(
             lloyd_passes=lloyd_passes,
             sample_size=sample_size,
             seed=seed,
+            ranks=ranks,
         )
         for name in layers
     }
@@ -115,9 +130,10 @@ def fit_atlas(
     with _frozen(model), _capture(layers) as captured:
         for index in range(passes):
             phase = next(iter(kmeans.values())).phase
-            seen = 0
+            seen = rows = 0
             for batch in _progress(batches, progress, f"atlas fit pass {index + 1}/{passes} ({phase})"):
                 seen += 1
+                rows += _batch_rows(batch)
                 batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
                 keep = _token_mask(batch, mask_prompt)
                 captured.clear()
@@ -128,14 +144,18 @@ def fit_atlas(
                         raise RuntimeError(f"the forward pass never reached the adapted module {name}")
                     km.observe(_select_tokens(captured[name], keep))
             if index == 0:
-                _check_tokens_seen(seen, next(iter(kmeans.values())).rows_seen, mask_prompt)
+                rank_rows = ranks.each(rows)
+                _check_tokens_seen(ranks.total(seen), ranks.total(next(iter(kmeans.values())).rows_seen), mask_prompt)
             for km in kmeans.values():
                 km.end_pass()
     region_tokens = {}
     for name, layer in layers.items():
         km = kmeans[name]
-        layer.set_atlas(adapter_name, **atlas_from_regions(layer, adapter_name, km, temperature))
+        atlas = atlas_from_regions(layer, adapter_name, km, temperature)
+        layer.set_atlas(adapter_name, **{key: ranks.broadcast(value) for key, value in atlas.items()})
         region_tokens[name] = [int(count) for count in km.counts.tolist()]
+    if ranks.rank == 0:
+        _warn_thin_regions(region_tokens, next(iter(layers.values())).atlas_in_basis[adapter_name].shape[1])
     return AtlasFit(
         modules=list(layers),
         tokens=next(iter(kmeans.values())).rows_seen,
@@ -143,6 +163,7 @@ def fit_atlas(
         seconds=time.perf_counter() - start,
         atlas_nbytes=sum(layer.atlas_nbytes(adapter_name) for layer in layers.values()),
         region_tokens=region_tokens,
+        rank_rows=rank_rows,
     )
 
 
@@ -192,6 +213,25 @@ def _median_gap(sample: torch.Tensor, centers: torch.Tensor) -> float:
     two = squared_distances(sample, centers).topk(2, dim=1, largest=False).values
     gap = float((two[:, 1] - two[:, 0]).median())
     return gap if gap > 0 else 1.0
+
+
+def _warn_thin_regions(region_tokens: dict[str, list[int]], directions: int) -> None:
+    """Warn when a region has fewer tokens than PCA directions: its covariance has rank below the directions, so
+    some of them (all, in an empty region) are arbitrary rather than fitted."""
+    for name, counts in region_tokens.items():
+        thin = [region for region, count in enumerate(counts) if count < directions]
+        if thin:
+            warnings.warn(
+                f"atlas of {name}: regions {thin} have fewer tokens than the {directions} directions per region "
+                f"(region_tokens={counts}); fit on more retained tokens or use fewer regions or directions",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _batch_rows(batch: dict) -> int:
+    first = next((value for value in batch.values() if torch.is_tensor(value)), None)
+    return int(first.shape[0]) if first is not None and first.ndim > 0 else 1
 
 
 def _check_tokens_seen(batches: int, tokens: int, mask_prompt: bool) -> None:
@@ -291,17 +331,38 @@ def _select_tokens(activations: torch.Tensor, keep: torch.Tensor | None) -> torc
     return activations.reshape(-1, activations.shape[-1])
 
 
-def batches_of(data, tokenizer, batch_size: int, max_length: int | None) -> Iterable[dict]:
+def batches_of(data, tokenizer, batch_size: int, max_length: int | None, ranks: Ranks | None = None) -> Iterable[dict]:
     """Padded batches of a dataset (`kinfolk.batches.retained_batches`, with every token labelled when a tokenised
-    dataset has no `labels`); any other data (a `DataLoader`, a list of batches) as it is."""
+    dataset has no `labels`); any other data (a `DataLoader`, a list of batches) as it is. With `ranks`, this rank's
+    share: a contiguous block of the dataset's rows (maybe none), or every `world`-th batch of other data."""
+    ranks = ranks or Ranks()
     if not isinstance(data, Dataset):
-        return data
+        return _EveryNth(data, ranks) if ranks.many else data
+    if ranks.many:
+        data = data.select(ranks.share(range(len(data))))
+        if len(data) == 0:
+            return []
     # On use, not at import: this package is imported while PEFT registers ATLAS, which can happen inside
     # transformers' own import, before TRL (which kinfolk.batches needs) can be imported.
     from kinfolk.batches import retained_batches
 
     positions = "all" if "input_ids" in data.column_names and "labels" not in data.column_names else "response"
-    return retained_batches(data, tokenizer, positions, max_length, batch_size)
+    return retained_batches(data, tokenizer, positions, max_length, batch_size, dataset_name="atlas-fitting")
+
+
+class _EveryNth:
+    """Batches `rank`, `rank + world`, ... of a re-iterable of batches (a rank's share of a data loader)."""
+
+    def __init__(self, batches: Iterable[dict], ranks: Ranks):
+        self.batches, self.ranks = batches, ranks
+
+    def __iter__(self) -> Iterator[dict]:
+        for index, batch in enumerate(self.batches):
+            if index % self.ranks.world == self.ranks.rank:
+                yield batch
+
+    def __len__(self) -> int:
+        return len(range(self.ranks.rank, len(self.batches), self.ranks.world))
 
 
 def _progress(batches: Iterable, enabled: bool, description: str) -> Iterable:

@@ -15,6 +15,13 @@ uniform sample of them is kept. `StreamedKMeans` is fed with `observe(rows)` and
 
 The sample stays available (`sample`) for calibrating quantities that need the final centres.
 
+Across processes (`ranks=`, see `ranks.py`), each rank observes its own rows and the ranks pool what the passes
+accumulate: the sample is the top `sample_size` random keys over all ranks' reservoirs; a mini-batch epoch runs on
+each rank from the shared centres and the ranks then pool the rows each centre was given (so each centre ends at the
+mean of all rows it was given, as in one process); the Lloyd sums, counts and scatter matrices are summed. After
+each pass rank 0's centres are broadcast, so every rank holds the same bits. Nothing but the sample (at most
+`sample_size` rows) and these sums travels.
+
 >>> import torch
 >>> rows = torch.cat([torch.randn(500, 3) + 10, torch.randn(500, 3) - 10])
 >>> km = StreamedKMeans(2, seed=0)
@@ -31,6 +38,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from kinfolk.plugins.atlas.ranks import Ranks
 
 
 class StreamedKMeans:
@@ -49,6 +58,7 @@ class StreamedKMeans:
         covariance: bool = True,
         seed: int = 0,
         device: torch.device | str | None = None,
+        ranks: Ranks | None = None,
     ):
         if num_regions < 1:
             raise ValueError(f"num_regions must be >= 1, got {num_regions}")
@@ -62,6 +72,12 @@ class StreamedKMeans:
         self.covariance = covariance
         self.device = torch.device(device) if device is not None else None
         self.generator = torch.Generator().manual_seed(seed)
+        self.ranks = ranks or Ranks()
+        # Sample keys differ by rank (or the ranks would keep the same positions); everything drawn after the
+        # sampling pass uses `generator`, which is then in the same state on every rank.
+        self._key_generator = (
+            torch.Generator().manual_seed(seed + 7919 * (self.ranks.rank + 1)) if self.ranks.many else self.generator
+        )
         self.phases = ["sample"] + ["minibatch"] * minibatch_epochs + ["lloyd"] * lloyd_passes
         self.phase_index = 0
         self.rows_seen = 0
@@ -72,6 +88,7 @@ class StreamedKMeans:
         self.counts: torch.Tensor | None = None
         self.covariances: torch.Tensor | None = None
         self._sums = self._scatter = None
+        self._given = self._given_counts = self._given_from = self._given_start_counts = None
 
     @property
     def done(self) -> bool:
@@ -103,8 +120,7 @@ class StreamedKMeans:
 
     def end_pass(self) -> None:
         if self.phase == "sample":
-            self._compact_sample()
-            self._pending = []
+            self._pool_sample()
             if self.rows_seen < self.k:
                 raise ValueError(
                     f"k-means into {self.k} regions needs at least {self.k} rows; the data gave {self.rows_seen}"
@@ -116,17 +132,46 @@ class StreamedKMeans:
             seeds = kmeans_plus_plus(seeding, self.k, self.generator)
             self.centers, labels = lloyd(self.sample, seeds, self.sample_iterations)
             self.counts = torch.bincount(labels, minlength=self.k).to(torch.float64)
-        elif self.phase == "lloyd":
+        elif self.phase == "minibatch":
+            self._pool_minibatch()
+        else:
             self._finish_lloyd()
         self.phase_index += 1
+        self._share_rank_zero()
+        if self.phase == "minibatch" and self.ranks.many:
+            self._given_from, self._given_start_counts = self.centers.clone(), self.counts.clone()
+            self._given = torch.zeros_like(self.centers, dtype=torch.float64)
+            self._given_counts = torch.zeros_like(self.counts)
+        elif self.phase == "lloyd":
+            self._start_lloyd()
+
+    def _share_rank_zero(self) -> None:
+        if self.ranks.many:
+            self.centers = self.ranks.broadcast(self.centers)
+            self.counts = self.ranks.broadcast(self.counts)
+            if self.covariances is not None:
+                self.covariances = self.ranks.broadcast(self.covariances)
 
     def _observe_sample(self, rows: torch.Tensor) -> None:
         # Reservoir by random keys: keep the rows with the largest keys, compacting only when twice over size.
         self.rows_seen += rows.shape[0]
-        self._pending.append((rows, torch.rand(rows.shape[0], generator=self.generator).to(rows.device)))
+        self._pending.append((rows, torch.rand(rows.shape[0], generator=self._key_generator).to(rows.device)))
         self._pending_rows += rows.shape[0]
         if self._pending_rows > 2 * self.sample_size:
             self._compact_sample()
+
+    def _pool_sample(self) -> None:
+        """The sampling pass's end: this rank's reservoir, then (across ranks) the top keys of all reservoirs."""
+        if self._pending:
+            self._compact_sample()
+        if self.ranks.many:
+            rows, keys = self._pending[0] if self._pending else (torch.zeros(0, 0), torch.zeros(0))
+            width = max(self.ranks.each(rows.shape[1]))
+            self.rows_seen = self.ranks.total(self.rows_seen)
+            self.sample = self.ranks.top_rows(rows, keys, self.sample_size, width)
+            if self.device is not None:
+                self.sample = self.sample.to(self.device)
+        self._pending = []
 
     def _compact_sample(self) -> None:
         rows = torch.cat([chunk for chunk, _ in self._pending])
@@ -141,19 +186,35 @@ class StreamedKMeans:
         labels = nearest(rows, self.centers)
         batch_counts = torch.bincount(labels, minlength=self.k).to(self.counts.dtype)
         sums = torch.zeros_like(self.centers).index_add_(0, labels, rows)
+        if self._given is not None:  # the rows given to each centre, about the centres the epoch started from
+            self._given.index_add_(0, labels, (rows - self._given_from[labels]).double())
+            self._given_counts += batch_counts
         self.counts += batch_counts
         hit = batch_counts > 0
         # c ← c + (Σ_batch rows − n_batch·c) / n_total: the running mean of all rows the centre has been given.
         rate = (1.0 / self.counts[hit]).to(rows.dtype).unsqueeze(1)
         self.centers[hit] += rate * (sums[hit] - batch_counts[hit].to(rows.dtype).unsqueeze(1) * self.centers[hit])
 
+    def _pool_minibatch(self) -> None:
+        """Across ranks: each centre becomes the mean of its sample rows and of every row any rank gave it."""
+        if self._given is None:
+            return
+        counts = self._given_start_counts + self.ranks.sum(self._given_counts)
+        shift = self.ranks.sum(self._given)
+        hit = counts > 0
+        self.centers = self._given_from
+        self.centers[hit] += (shift[hit] / counts[hit].unsqueeze(1)).to(self.centers.dtype)
+        self.counts = counts
+        self._given = self._given_counts = self._given_from = self._given_start_counts = None
+
+    def _start_lloyd(self) -> None:
+        self._sums = torch.zeros_like(self.centers, dtype=torch.float64)
+        self.counts = torch.zeros(self.k, dtype=torch.float64, device=self.centers.device)
+        if self._is_last_pass() and self.covariance:
+            d = self.centers.shape[1]
+            self._scatter = torch.zeros(self.k, d, d, dtype=torch.float32, device=self.centers.device)
+
     def _observe_lloyd(self, rows: torch.Tensor) -> None:
-        if self._sums is None:
-            self._sums = torch.zeros_like(self.centers, dtype=torch.float64)
-            self.counts = torch.zeros(self.k, dtype=torch.float64, device=self.centers.device)
-            if self._is_last_pass() and self.covariance:
-                d = self.centers.shape[1]
-                self._scatter = torch.zeros(self.k, d, d, dtype=torch.float32, device=self.centers.device)
         labels = nearest(rows, self.centers)
         shifted = rows - self.centers[labels]
         self.counts += torch.bincount(labels, minlength=self.k).to(torch.float64)
@@ -165,6 +226,9 @@ class StreamedKMeans:
                 self._scatter[region] += part.T @ part
 
     def _finish_lloyd(self) -> None:
+        self.counts, self._sums = self.ranks.sum(self.counts), self.ranks.sum(self._sums)
+        if self._scatter is not None:
+            self._scatter = self.ranks.sum(self._scatter)
         filled = self.counts > 0
         mean_shift = torch.zeros_like(self._sums)
         mean_shift[filled] = self._sums[filled] / self.counts[filled].unsqueeze(1)

@@ -342,8 +342,10 @@ def summary(out: Path, skipped: list[str]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(argv: list[str] | None, description: str, run_single, run_launched) -> int:
+    """The subcommands `single`, `launched` and `summary`, running `run_single(out)` / `run_launched(tag, out,
+    deepspeed)` (scale_checks.py shares it with its own parts)."""
+    parser = argparse.ArgumentParser(description=description)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("single").add_argument("out", type=Path)
     launch = sub.add_parser("launched")
@@ -359,12 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "single":
-        single(args.out)
+        run_single(args.out)
     elif args.command == "launched":
-        launched(args.tag, args.out, args.deepspeed)
+        run_launched(args.tag, args.out, args.deepspeed)
     else:
         print(json.dumps(summary(args.out, args.skipped)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, __doc__.split("\n\n")[0], single, launched)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # kinfolk's GPU checks in one run: bf16 weighted SFT and ATLAS on one GPU, then the training parts under FSDP2
 # (`accelerate launch --config_file tests/gpu/fsdp2.yaml`) and DeepSpeed ZeRO-2 / ZeRO-3 (tests/gpu/zero*.json).
-# About 5-8 minutes on one H200; ends with one JSON line (also in OUT_DIR/summary.json). CI never runs it.
+# tests/gpu/scale_checks.py adds, at each stage, what the 2-process CPU tests show: the weighted-SFT options TRL
+# cannot run on CPU (activation offloading, liger, inductor), and fit_atlas, LayerDistillationTrainer and the w = 1
+# identity with SFTTrainer under each launcher.
+# About 8-12 minutes on one H200; ends with one JSON line (also in OUT_DIR/summary.json). CI never runs it.
 #
 #   bash tests/gpu/run_gpu_checks.sh [OUT_DIR]                      from any directory; default runs/gpu-checks
 #
@@ -27,16 +30,24 @@ fi
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 $PY -c "import torch, transformers, trl, peft, accelerate; print('stack:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, trl, peft, accelerate)), 'cuda', torch.cuda.is_available())"
 CHECKS="tests/gpu/gpu_checks.py"
+SCALE="tests/gpu/scale_checks.py"
 skipped=()
 $PY $CHECKS single "$OUT"
+$PY $SCALE single "$OUT"
 if [ "${KINFOLK_GPU_CHECKS_DEVICE:-}" = cpu ]; then
-  $PY -m accelerate.commands.launch --multi_gpu --num_processes 2 $CHECKS launched ddp "$OUT"
+  for script in $CHECKS $SCALE; do
+    $PY -m accelerate.commands.launch --multi_gpu --num_processes 2 --main_process_port 0 $script launched ddp "$OUT"
+  done
 else
-  $PY -m accelerate.commands.launch --config_file tests/gpu/fsdp2.yaml $CHECKS launched fsdp2 "$OUT"
+  for script in $CHECKS $SCALE; do
+    $PY -m accelerate.commands.launch --config_file tests/gpu/fsdp2.yaml $script launched fsdp2 "$OUT"
+  done
   if $PY -c "import deepspeed" 2>/dev/null; then
     for stage in 2 3; do
-      $PY -m torch.distributed.run --standalone --nproc_per_node 1 $CHECKS launched "zero$stage" "$OUT" \
-        --deepspeed "tests/gpu/zero$stage.json"
+      for script in $CHECKS $SCALE; do
+        $PY -m torch.distributed.run --standalone --nproc_per_node 1 $script launched "zero$stage" "$OUT" \
+          --deepspeed "tests/gpu/zero$stage.json"
+      done
     done
   else
     echo "DeepSpeed ZeRO-2/3 skipped: deepspeed cannot be imported (tests/gpu/fetch_wheels.sh builds its wheel)" >&2

@@ -1,0 +1,98 @@
+"""LayerDistillationTrainer and `kinfolk distil` under two gloo processes give one process's losses and student;
+the teacher is frozen, in eval mode and not wrapped for training on every rank. See tests/distil_ddp_job.py."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from distil_ddp_job import OPTIONS, digest, losses, train_once
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+from two_processes import accelerate, accelerate_flags, run
+from yaml import safe_dump
+
+from kinfolk.commands.distil import DISTILLED, INIT, DistilArguments, distil
+from kinfolk.plugins.adapt import LayerMap, merge
+from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
+from kinfolk.trainers import LayerDistillationConfig
+
+JOB = Path(__file__).with_name("distil_ddp_job.py")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_kit, tmp_path_factory):
+    """A 4-layer teacher and its 2-layer student, perturbed so that the KL and cosine terms are far from zero."""
+    root = tmp_path_factory.mktemp("distil-ddp")
+    teacher = tiny_kit.model_dir("llama", "large")
+    init = merge({"op": "init-student", "teacher": str(teacher), "layers": {"layers": [0, 2]}}, root / "init",
+                 progress=False)  # fmt: skip
+    student = perturbed_copy(AutoModelForCausalLM.from_pretrained(init), scale=0.05, seed=3)
+    save_model(student, tiny_kit.tokenizer(), root / "student")
+    LayerMap.load(init).save(root / "student")
+    return str(teacher), str(root / "student"), root
+
+
+def test_two_processes_give_the_losses_and_student_of_one_process(pair):
+    teacher, student, root = pair
+    (root / "ddp").mkdir()
+    accelerate(JOB, teacher, student, str(root / "ddp"))
+    ranks = [torch.load(root / "ddp" / f"rank{rank}.pt") for rank in (0, 1)]
+    single = train_once(teacher, student, str(root / "single"), processes=1)
+    initial = dict(AutoModelForCausalLM.from_pretrained(student).named_parameters())
+    expected = {name: value.detach() for name, value in single.model.named_parameters()}
+    teacher_digest = digest(AutoModelForCausalLM.from_pretrained(teacher))
+    for record in ranks:
+        assert (record["num_processes"], record["backend"]) == (2, "gloo")
+        assert record["student_type"] == "DistributedDataParallel"
+        # the teacher: the plain model (not DDP), eval mode, nothing trainable, weights as loaded
+        assert record["teacher_type"] == "LlamaForCausalLM"
+        assert (record["teacher_training"], record["teacher_trainable"]) == (False, 0)
+        assert record["teacher_digest"] == teacher_digest
+        logged = losses(single)
+        assert len(record["losses"]) == len(logged) == OPTIONS["max_steps"]
+        for step, (ours, reference) in enumerate(zip(record["losses"], logged)):
+            assert ours["loss"] == pytest.approx(reference["loss"], rel=1e-5), step
+            # distill/* are means over a step's micro-batches of each (rank-pooled) micro-batch's token mean, as TRL
+            # logs entropy: 2 pooled micro-batches here, 4 in one process, so they differ by ~1 %; the loss is exact
+            assert ours["distill/kl"] > 0 and ours["distill/cosine_distance"] > 0
+        # the update (trained − initial), which is what DDP and gradient accumulation must agree on
+        assert record["parameters"].keys() == expected.keys()
+        moved = 0
+        for name, value in expected.items():
+            update = value - initial[name].detach()
+            torch.testing.assert_close(
+                record["parameters"][name] - initial[name].detach(), update, rtol=1e-4, atol=1e-7
+            )
+            moved += bool(update.abs().max() > 1e-4)
+        assert moved > len(expected) // 2
+
+
+def test_kinfolk_distil_under_two_processes_gives_the_one_process_student(tiny_kit, pair, tmp_path):
+    teacher, _, _ = pair
+    text_dataset(8, seed=1).to_json(tmp_path / "pretraining.jsonl")
+    prompt_completion_dataset(8).to_json(tmp_path / "sft.jsonl")
+    training = {key: value for key, value in OPTIONS.items() if key != "disable_tqdm"}
+    config = {"teacher": teacher, "layers": "{layers: [0, 2]}", "pretraining_data": str(tmp_path / "pretraining.jsonl"),
+              "sft_data": str(tmp_path / "sft.jsonl"), "gradient_accumulation_steps": 2, **training}  # fmt: skip
+    (tmp_path / "distil.yaml").write_text(safe_dump(config))
+    kinfolk = str(Path(sys.executable).with_name("kinfolk"))
+    run([kinfolk, "distil", "--config", str(tmp_path / "distil.yaml"), "--out", str(tmp_path / "two"),
+         *accelerate_flags()])  # fmt: skip
+    arguments = DistilArguments(teacher=teacher, out=str(tmp_path / "one"), layers="{layers: [0, 2]}")
+    one = distil(
+        arguments,
+        LayerDistillationConfig(output_dir="ignored", **{**training, "gradient_accumulation_steps": 4}),
+        text_dataset(8, seed=1),
+        prompt_completion_dataset(8),
+    )
+    two = load_file(tmp_path / "two" / DISTILLED / "model.safetensors")
+    reference, initial = (load_file(path / "model.safetensors") for path in (one, tmp_path / "one" / INIT))
+    assert two.keys() == reference.keys()
+    moved = 0
+    for name, value in reference.items():
+        update = value - initial[name]
+        torch.testing.assert_close(two[name] - initial[name], update, rtol=1e-4, atol=1e-7, msg=name)
+        moved += bool(update.abs().max() > 1e-4)
+    assert moved > len(reference) // 2
