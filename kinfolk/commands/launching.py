@@ -1,14 +1,54 @@
 """Starting a verb's own module on every process with `accelerate launch`, as `trl sft` does (`kinfolk sft`,
 `kinfolk distil`): the arguments the verb's parser does not know, from the command line or its `--config` file, are
 `accelerate launch`'s; the rest go to the launched module. A launched process's exit code (2 for bad input it
-found) is the verb's."""
+found) is the verb's. What neither the verb nor `accelerate launch` knows is refused first, in one line
+(`check_launch_arguments`), instead of reaching accelerate, which would print its whole usage.
+
+>>> check_launch_arguments("kinfolk sft", ["--num_processes", "2"], [], ["--num_processes", "2"])
+>>> check_launch_arguments("kinfolk sft", ["--weight_colum", "w"], [], ["--weight_colum", "w"])
+Traceback (most recent call last):
+...
+kinfolk.errors.InputError: unrecognized option --weight_colum: neither a kinfolk sft option nor an accelerate launch one (see kinfolk sft --help)
+"""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
-from kinfolk.errors import CheckpointError, MissingInputError
+from kinfolk.atomic import staging_path
+from kinfolk.commands.parsing import config_file
+from kinfolk.errors import CheckpointError, InputError, MissingInputError
+
+# TRL's launcher option beside accelerate's own (`trl.cli.accelerate_config`): a config file or a named TRL config.
+TRL_LAUNCH_OPTIONS = ("--accelerate_config",)
+
+
+def _launch_options() -> set[str]:
+    from accelerate.commands.launch import launch_command_parser
+
+    return {*launch_command_parser()._option_string_actions, *TRL_LAUNCH_OPTIONS}
+
+
+def check_launch_arguments(prog: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> None:
+    """Refuse the options (`cli_remaining`) and `--config` keys (`config_remaining`, as `--key value` pairs) that
+    the verb's parser left to `accelerate launch` but that accelerate does not know either: a typo, named in one
+    line (with the YAML file for a key)."""
+    known = _launch_options()
+    for token in cli_remaining:
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and name not in known:
+            raise InputError(
+                f"unrecognized option {name}: neither a {prog} option nor an accelerate launch one (see {prog} --help)"
+            )
+    for flag in config_remaining[::2]:
+        if flag not in known:
+            raise InputError(
+                f"{config_file(argv)}: unknown key {flag.lstrip('-')!r}: neither a {prog} option nor an accelerate "
+                f"launch one (see {prog} --help)",
+                path=config_file(argv),
+            )
 
 
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
@@ -36,3 +76,11 @@ def check_resume_checkpoint(resume: str) -> None:
     if Path(resume).is_dir():
         raise CheckpointError(f"--resume_from_checkpoint {resume} has no {TRAINER_STATE_NAME}: not a checkpoint")
     raise MissingInputError(f"--resume_from_checkpoint {resume}: no such checkpoint directory", path=resume)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory by first renaming it to a staging name: a removal cut short leaves no half-deleted tree
+    where a user or a rerun would read it (the next run to that destination removes what is left)."""
+    retired = staging_path(path)
+    path.rename(retired)
+    shutil.rmtree(retired)

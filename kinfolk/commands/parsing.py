@@ -22,6 +22,12 @@ import yaml
 from trl import TrlParser
 
 
+def config_file(argv: Sequence[str]) -> str:
+    """The `--config` file named in `argv` (for messages about its keys)."""
+    argv = list(argv)
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else "the --config file"
+
+
 class VerbParser(TrlParser):
     def __init__(self, dataclass_types=None, **kwargs):
         # argparse would take `--temperature` for `--temperatures`: a typo must be refused, not guessed
@@ -30,24 +36,43 @@ class VerbParser(TrlParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
-    def parse_with_rest(self, argv: Sequence[str] | None) -> tuple[tuple, list[str], list[str]]:
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        self._unknown_options = rest  # seen before the dataclasses are built (and their checks run)
+        return namespace, rest
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        self._unknown_keys = super().set_defaults_with_config(**kwargs)
+        return self._unknown_keys
+
+    def parse_with_rest(self, argv: Sequence[str] | None, strict: bool = False) -> tuple[tuple, list[str], list[str]]:
         """The dataclasses (then a namespace of any plain `add_argument` arguments, e.g. positionals), the config
-        keys and the command-line arguments that no dataclass knows."""
+        keys and the command-line arguments that no dataclass knows. `strict` refuses those unknown ones, before
+        any check of the dataclasses does: a typo is named, not the option it left unset."""
+        argv = list(argv or [])
+        self._unknown_options, self._unknown_keys = [], []
         try:
             *parsed, config_rest, cli_rest = self.parse_args_and_config(
-                list(argv or []), return_remaining_strings=True, separate_remaining_strings=True
+                list(argv), return_remaining_strings=True, separate_remaining_strings=True
             )
         except (ValueError, yaml.YAMLError) as error:  # a bad --config file or a value a config's checks refuse
+            if strict:
+                self._refuse_unknown(argv, self._unknown_keys, self._unknown_options)
             self.error(str(error))
+        if strict:
+            self._refuse_unknown(argv, config_rest, cli_rest)
         return tuple(parsed), config_rest, cli_rest
+
+    def _refuse_unknown(self, argv: list[str], config_rest: list[str], cli_rest: list[str]) -> None:
+        if cli_rest:
+            self.error(f"unrecognized arguments: {' '.join(cli_rest)}")
+        if config_rest:
+            keys = ", ".join(repr(flag.lstrip("-")) for flag in config_rest[::2])
+            self.error(f"{config_file(argv)}: unknown key(s) {keys}")
 
     def parse(self, argv: Sequence[str] | None) -> tuple:
         """What `parse_with_rest` parses, refusing unknown options and config keys."""
-        parsed, config_rest, cli_rest = self.parse_with_rest(argv)
-        unknown = cli_rest + config_rest[::2]
-        if unknown:
-            self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        return parsed
+        return self.parse_with_rest(argv, strict=True)[0]
 
     def parse_known(self, argv: Sequence[str]) -> tuple[tuple, list[str]]:
         """The dataclasses, and the arguments this parser does not know (for a program it wraps), in order."""
