@@ -200,6 +200,9 @@ def test_overlong_rows_error_or_are_skipped_and_counted(tiny_kit):
     too_long = [i for i, n in enumerate(lengths) if n > limit]
     assert too_long
     pattern = re.escape(f"rows {too_long} are longer than small_base model") + rf".*olmo2.*context of {limit}"
+    pattern += ".*;" + re.escape(
+        " pass overlong='skip' to leave them unscored, or a larger max_length"
+    )  # Python spelling
     with pytest.raises(ScoringError, match=pattern):
         score_model(dataset, model_dir, "small_base", ScoreConfig(use_cache=False, max_length=limit))
     family = tiny_kit.family("olmo2")

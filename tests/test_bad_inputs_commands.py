@@ -94,7 +94,12 @@ SCORE_DATA_CASES = {
     "rows longer than the model": (
         "train.jsonl",
         ["--max_length", "2"],
-        ["train.jsonl", "rows [0, 1", "context of 2"],
+        [
+            "train.jsonl",
+            "rows [0, 1",
+            "context of 2",
+            "pass --overlong skip to leave them unscored, or a larger --max_",
+        ],
     ),
 }
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 
 from kinfolk import __version__
-from kinfolk.errors import InputError
+from kinfolk.errors import InputError, cli_spelling
 
 # verb -> (module with `main(argv) -> int`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -74,7 +74,8 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False) -> int:
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        return int(call() or 0)
+        with cli_spelling():  # hints in errors name the flags the user types, not keyword arguments
+            return int(call() or 0)
     except (InputError, FileNotFoundError) as error:
         if debug:
             raise

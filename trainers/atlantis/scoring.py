@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kinfolk.atomic import fingerprint
-from kinfolk.errors import EmptyDatasetError, ScoringError
+from kinfolk.errors import EmptyDatasetError, ScoringError, option, option_name
 from kinfolk.logprobs import label_log_probs, pad_right
 from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
 from kinfolk.trainers.atlantis.batching import (
@@ -223,7 +223,8 @@ def tokenize_rows(text: Dataset, model_path: str, role: str, config: ScoreConfig
     if overlong.size and config.overlong == "error":
         raise ScoringError(
             f"rows {_rows_text(overlong)} are longer than {role} model {model_path}'s context of {limit} tokens "
-            f"(longest {int(lengths[overlong].max())}); pass overlong='skip' to leave them unscored, or max_length"
+            f"(longest {int(lengths[overlong].max())}); pass {option('overlong', 'skip')} to leave them unscored, or "
+            f"a larger {option_name('max_length')}"
         )
     skipped = np.zeros(len(text), dtype=bool)
     skipped[overlong] = True
