@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -425,6 +426,16 @@ def test_output_is_deterministic_and_not_overwritten_by_default(qwen_students, t
     assert provenance["output"]["k"] == 1
 
 
+def safetensors_names(directory) -> list[str]:
+    from safetensors import safe_open
+
+    names = []
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            names += list(handle.keys())
+    return names
+
+
 def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
     config = tmp_path / "init.yaml"
     config.write_text(f"teacher: {qwen_students['teacher']}\nlayers:\n  every: 2\n  last: 1\n")
@@ -434,5 +445,14 @@ def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
     assert LayerMap.load(tmp_path / "s").blocks == ((0, 2), (2, 3), (3, 4))
     again = subprocess.run([*command, "--out", str(tmp_path / "s")], capture_output=True, text=True)
     assert again.returncode == 2 and "already exists" in again.stderr
-    dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
-    assert dry.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in dry.stdout
+    planned = tmp_path / "planned"
+    dry = subprocess.run([*command, "--dry-run", "--out", str(planned)], capture_output=True, text=True)
+    assert dry.returncode == 0 and not planned.exists()
+    lines = dry.stdout.splitlines()  # a summary: the inputs, the output at --out, its tensors counted by input
+    assert lines[:2] == ["kinfolk merge init-student", f"  input teacher: {qwen_students['teacher']}"]
+    count = len(safetensors_names(tmp_path / "s"))  # every tensor of init-student comes from the teacher
+    assert lines[2].startswith(f"  output {planned}: {count} tensors, ") and lines[3:] == [
+        f"    {count} tensors from teacher"
+    ]
+    every = subprocess.run([*command, "--dry-run", "--verbose"], capture_output=True, text=True)
+    assert every.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in every.stdout

@@ -97,3 +97,16 @@ def test_lab_help_starts_with_a_usage_line(argv, capsys):
     assert main(argv) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"usage: kinfolk {' '.join(argv[:-1])} {{")
+
+
+def test_merge_op_help_lists_that_operations_config_keys(capsys):
+    from kinfolk.plugins.adapt.config import PatchConfig
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", "patch", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "patch: Model = the student with some layers replaced" in shown and "CONFIG.yaml keys:" in shown
+    for key in ("teacher", "student", "order", "num_patched", "patched_layers", "allow_other_teacher"):
+        assert f"  {key}: {PatchConfig.__dataclass_fields__[key].metadata['help'][:40]}" in shown
+    assert "teacher: teacher model directory (required)" in shown

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,15 +119,22 @@ class MergePlan:
     def op(self) -> str:
         return self.config.op
 
-    def describe(self) -> str:
+    def describe(self, out: str | Path | None = None, every_tensor: bool = False) -> str:
+        """The plan as text: inputs, then each output model (under `out`) with its tensors counted by the inputs
+        they come from, or with `every_tensor` each tensor's formula."""
         lines = [f"kinfolk merge {self.op}"]
         lines += [f"  input {role}: {checkpoint.path}" for role, checkpoint in self.inputs.items()]
         for model in self.models:
-            where = model.subdir or "."
+            where = Path(out or ".") / model.subdir if model.subdir else Path(out or ".")
             lines.append(
                 f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB {model.summary}"
             )
-            lines += [f"    {tensor.formula()}" for tensor in model.tensors]
+            if every_tensor:
+                lines += [f"    {tensor.formula()}" for tensor in model.tensors]
+                continue
+            sources = Counter(" + ".join(str(term.source) if term.weight == 1 else f"{term.weight:g}·{term.source}"
+                                         for term in tensor.terms) for tensor in model.tensors)  # fmt: skip
+            lines += [f"    {count} tensors from {source}" for source, count in sources.most_common()]
         return "\n".join(lines)
 
 
