@@ -108,6 +108,28 @@ def test_patching_every_block_of_an_init_student_gives_the_teacher(tiny_kit, tie
     assert patched.num_hidden_layers == teacher_config.num_hidden_layers
     assert getattr(patched, "layer_types", None) == getattr(teacher_config, "layer_types", None)
     assert patched.tie_word_embeddings == teacher_config.tie_word_embeddings
+    # k1 takes its embeddings from the teacher and its head from the student, which kept the teacher's: still tied
+    middle = AutoModelForCausalLM.from_pretrained(family / "k1")
+    tied = middle.get_output_embeddings().weight is middle.get_input_embeddings().weight
+    assert tied == teacher_config.tie_word_embeddings
+    assert ("lm_head.weight" in tensors(family / "k1")) == (not teacher_config.tie_word_embeddings)
+
+
+def test_patch_says_once_why_it_unties_the_head(tiny_kit, tied_teachers, tmp_path, caplog):
+    import logging
+
+    teacher = tied_teachers["llama"]
+    student = distilled_copy(
+        init_student(teacher, tmp_path / "init", every=2), tmp_path / "student", tiny_kit.tokenizer()
+    )
+    config = {"op": "patch", "teacher": str(teacher), "student": str(student)}
+    with caplog.at_level(logging.WARNING, logger="kinfolk.plugins.adapt.plan"):
+        family = merge(config, tmp_path / "family", all_sizes=True, progress=False)
+    (said,) = [record.getMessage() for record in caplog.records]
+    assert said.startswith("patch: 1 of 3 output models get their own LM head (")
+    assert said.endswith("embeddings come from the teacher and their head from the student, whose tied embedding "
+                         "matrices differ")  # fmt: skip
+    assert "lm_head.weight" in tensors(family / "k1") and "lm_head.weight" not in tensors(family / "k2")
 
 
 def expected_patch(teacher, student, blocks, patched, tied):
