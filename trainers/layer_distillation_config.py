@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from trl import SFTConfig
 
-from kinfolk.trainers.device_defaults import apply_device_defaults
+from kinfolk.trainers.config_defaults import apply_config_defaults
 
 
 @dataclass
@@ -79,7 +79,7 @@ class LayerDistillationConfig(SFTConfig):
     _VALID_DICT_FIELDS: ClassVar[list[str]] = [*SFTConfig._VALID_DICT_FIELDS, "teacher_model_init_kwargs"]
 
     def __post_init__(self):
-        apply_device_defaults(self)  # before TRL's, which would default bf16 to True
+        apply_config_defaults(self)  # before TRL's, which would default bf16 to True
         super().__post_init__()
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")

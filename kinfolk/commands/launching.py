@@ -51,13 +51,29 @@ def check_launch_arguments(prog: str, argv: list[str], config_remaining: list[st
             )
 
 
+def without_config_defaults(launch_args: list[str]) -> list[str]:
+    """`launch_args` plus the values `accelerate launch` would otherwise default with a warning when no accelerate
+    config file is in use ("`--num_processes` was set to a value of `0`" on a CPU-only machine, where one process
+    runs): the same values, stated. With a config file, or a value given, nothing is added."""
+    import torch
+    from accelerate.commands.config import default_config_file
+
+    given = {token.split("=", 1)[0] for token in launch_args if token.startswith("--")}
+    if "--config_file" in given or Path(default_config_file).is_file():
+        return launch_args
+    defaults = {"--num_machines": "1", "--mixed_precision": "no", "--dynamo_backend": "no"}
+    if not torch.accelerator.is_available():
+        defaults["--num_processes"] = "1"  # what the simple launcher runs without GPUs (see kinfolk.launch_check)
+    return [*launch_args, *(item for flag, value in defaults.items() if flag not in given for item in (flag, value))]
+
+
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
     """`accelerate launch --module MODULE` with the verb's own arguments; returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
     from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
 
-    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
+    launch_args = without_config_defaults(resolve_accelerate_config_argument(config_remaining + cli_remaining))
     script_args = _subtract_subsequence(argv, cli_remaining)
     try:
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))

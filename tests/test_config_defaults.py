@@ -1,4 +1,4 @@
-"""CPU defaults of kinfolk's training configs: without an accelerator they train on the CPU in fp32 (TRL's default
+"""Defaults of kinfolk's training configs. CPU: without an accelerator they train on the CPU in fp32 (TRL's default
 would be bf16, refused without `use_cpu` and CPU-autocast with it), an explicit choice is kept, and the choice is
 said once. The trained in-memory model computes what its saved weights compute."""
 
@@ -12,8 +12,8 @@ from sft_helpers import weighted_data, weighted_trainer
 from kinfolk.commands import env as env_command
 from kinfolk.testing import build_model
 from kinfolk.trainers import WeightedSFTConfig
-from kinfolk.trainers import device_defaults as device_defaults_module
-from kinfolk.trainers.device_defaults import SAID_ENV, device_defaults
+from kinfolk.trainers import config_defaults as config_defaults_module
+from kinfolk.trainers.config_defaults import SAID_ENV, device_defaults
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 
@@ -51,7 +51,7 @@ def test_only_unset_choices_are_made_for_the_hardware(given, accelerator, bf16_a
 def test_a_config_on_a_cpu_machine_trains_in_fp32_on_the_cpu_and_says_so_once(
     config_class, cpu_only, tmp_path, caplog
 ):
-    with caplog.at_level(logging.WARNING, logger=device_defaults_module.__name__):
+    with caplog.at_level(logging.WARNING, logger=config_defaults_module.__name__):
         config = config_class(output_dir=str(tmp_path))  # TRL alone: "You need to assign use_cpu"
         again = config_class(output_dir=str(tmp_path), bf16=True)
     assert (config.use_cpu, config.bf16) == (True, False)
@@ -88,3 +88,16 @@ def test_env_does_not_call_cpu_bf16_supported(monkeypatch):
     shown = env_command.format_environment(env_command.collect_environment())
     (bf16_line,) = [line for line in shown.splitlines() if line.startswith("bf16")]
     assert "supported" not in bf16_line.replace("not supported", "") and "fp32" in bf16_line
+
+
+@pytest.mark.parametrize("config_class", [WeightedSFTConfig, LayerDistillationConfig])
+def test_trls_checkpointing_default_carries_to_the_new_name_without_a_deprecation_warning(config_class, tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        default = config_class(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+        off = config_class(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False)
+    assert [str(w.message) for w in caught if "gradient_checkpointing" in str(w.message)] == []
+    assert (default.activation_checkpointing, default.gradient_checkpointing) == (True, True)  # TRL's default
+    assert (off.activation_checkpointing, off.gradient_checkpointing) == (False, False)
