@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.errors import CorruptFileError, EmptyDatasetError, InputError
+from kinfolk.errors import CorruptFileError, EmptyDatasetError, InputError, option_name
 from kinfolk.inputs import json_document, read_json_lines
 from kinfolk.stats import bootstrap_interval
 
@@ -87,7 +87,9 @@ def outcomes(
     filters = sorted({record.get("filter", "none") for record in records})
     if filter_name is None:
         if len(filters) > 1:
-            raise InputError(f"the samples carry several filters {filters}; choose one (filter_name / --filter)")
+            raise InputError(
+                f"the samples carry several filters {filters}; choose one with {option_name('filter_name', '--filter')}"
+            )
         filter_name = filters[0]
     elif filter_name not in filters:
         raise InputError(f"filter {filter_name!r} not in the samples; they carry {filters}")

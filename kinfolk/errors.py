@@ -57,9 +57,10 @@ def option(name: str, value: Any = True) -> str:
     return f"{name}={value!r}"
 
 
-def option_name(name: str) -> str:
-    """An option's name as the user spells it: `--name` from the command line, `name` from Python."""
-    return f"--{name}" if _spelling == "cli" else name
+def option_name(name: str, flag: str | None = None) -> str:
+    """An option's name as the user spells it: `--name` (or `flag`, when the command line names it otherwise) from
+    the command line, `name` from Python."""
+    return (flag or f"--{name}") if _spelling == "cli" else name
 
 
 class InputError(ValueError):

@@ -445,7 +445,11 @@ CHURN_CASES = {
     "metric missing": (["frozen.jsonl", "no-metric.jsonl"], [], ["no-metric.jsonl", "has no metric 'exact_match'"]),
     "metric not a number": (["frozen.jsonl", "text-metric.jsonl"], [], ["text-metric.jsonl", "'yes', not a number"]),
     "unknown metric": (["frozen.jsonl", "adapted.jsonl"], ["--metric", "acc"], ["frozen.jsonl", "no metric 'acc'"]),
-    "several filters": (["two-filters.jsonl", "adapted.jsonl"], [], ["two-filters.jsonl", "several filters"]),
+    "several filters": (
+        ["two-filters.jsonl", "adapted.jsonl"],
+        [],
+        ["two-filters.jsonl", "several filters", "with --filter"],
+    ),
     "unknown filter": (["frozen.jsonl", "adapted.jsonl"], ["--filter", "strict"], ["filter 'strict' not in"]),
     "other questions": (
         ["frozen.jsonl", "adapted.jsonl", "other-questions.jsonl"],

@@ -82,7 +82,7 @@ def test_outcomes_from_records():
     assert parsed == {"h0": Outcome("12", True), "h1": Outcome("7", False)}
     multiple_choice = [{**record(0, "h0", None, True, metric="acc"), "filtered_resps": [[-2.0, False], [-0.5, True]]}]
     assert outcomes(multiple_choice)["h0"] == Outcome(1, True)
-    with pytest.raises(ValueError, match="several filters"):
+    with pytest.raises(ValueError, match="several filters .*; choose one with filter_name$"):
         outcomes([*records, record(0, "h0", "12", True, filter_name="flexible")])
     with pytest.raises(KeyError, match="no metric 'acc'"):
         outcomes(records, metric="acc")
