@@ -474,7 +474,9 @@ def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
     assert lines[:2] == ["kinfolk merge init-student", f"  input teacher: {qwen_students['teacher']}"]
     count = len(safetensors_names(tmp_path / "s"))  # every tensor of init-student comes from the teacher
     assert lines[2].startswith(f"  output {planned}: {count} tensors, ") and lines[3:] == [
-        f"    {count} tensors from teacher"
+        "    num_layers 3; blocks [[0, 2], [2, 3], [3, 4]]",
+        f"    {count} tensors from teacher",
     ]
+    assert max(map(len, lines[3:])) <= 100
     every = subprocess.run([*command, "--dry-run", "--verbose"], capture_output=True, text=True)
     assert every.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in every.stdout

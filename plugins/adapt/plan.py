@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import logging
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,9 +134,9 @@ class MergePlan:
         lines += [f"  input {role}: {checkpoint.path}" for role, checkpoint in self.inputs.items()]
         for model in self.models:
             where = Path(out or ".") / model.subdir if model.subdir else Path(out or ".")
-            lines.append(
-                f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB {model.summary}"
-            )
+            lines.append(f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB")
+            details = "; ".join(f"{key} {_brief(value)}" for key, value in model.summary.items())
+            lines += textwrap.wrap(details, width=100, initial_indent="    ", subsequent_indent="      ")
             if every_tensor:
                 lines += [f"    {tensor.formula()}" for tensor in model.tensors]
                 continue
@@ -143,6 +144,13 @@ class MergePlan:
                                          for term in tensor.terms) for tensor in model.tensors)  # fmt: skip
             lines += [f"    {count} tensors from {source}" for source, count in sources.most_common()]
         return "\n".join(lines)
+
+
+def _brief(value: Any) -> str:
+    """A summary value on one short line: a check's result rather than its whole record."""
+    if isinstance(value, dict):
+        return str(value.get("result", value))
+    return str(value)
 
 
 def natural_key(name: str) -> list[Any]:
