@@ -71,9 +71,9 @@ def check_and_record(config, module_key: str, weight: torch.Tensor, model_name: 
     policy = os.environ.get(MISMATCH_ENV) or config.base_mismatch
     message = (
         f"{module_key}: this ATLAS adapter was made on another base module (recorded base model "
-        f"{config.base_model_name_or_path!r}, this model {model_name!r}): the weights differ ({recorded[module_key]} "
-        f"recorded, {current} here), so its atlas describes another model's activations. Load it onto the model it "
-        f"was made for; base_mismatch='error' (or {MISMATCH_ENV}=error) refuses instead of warning"
+        f"{config.base_model_name_or_path!r}, this model {model_name!r}): its weights differ from the recorded ones, "
+        f"so the atlas describes another model's activations. Load it onto the model it was made for; "
+        f"base_mismatch='error' (or {MISMATCH_ENV}=error) refuses instead of warning"
     )
     if policy == "error":
         raise AdapterBaseMismatchError(message)
