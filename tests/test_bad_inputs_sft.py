@@ -92,6 +92,7 @@ SFT_CASES = {
     "model missing": (["--model_name_or_path", "{data}/no-model"], ["no-model: no such directory"]),
     "checkpoint missing": (["--resume_from_checkpoint", "{data}/checkpoint-9"], ["checkpoint-9: no such checkpoint"]),
     "not a checkpoint": (["--resume_from_checkpoint", "{data}/not-a-checkpoint"], ["has no trainer_state.json"]),
+    "nothing to resume": (["--resume_from_checkpoint", "true"], ["--resume_from_checkpoint true:", "no checkpoint-N"]),
     # adapters
     "ATLAS rank above the module": (
         ["--use_atlas", "--atlas_retained_dataset", "{data}/train.jsonl", "--atlas_r", "999", "--atlas_layers", "0"],
@@ -211,6 +212,10 @@ def test_kinfolk_sft_twice_into_one_output_dir_is_refused_the_second_time(tiny_k
         f"kinfolk sft: error: --output_dir {out} already holds a run; pass --overwrite to replace it or "
         "--resume_from_checkpoint to continue it"
     ], second.stderr[-3000:]
+    resumed = subprocess.run([*command, "--resume_from_checkpoint", "true", "--max_steps", "2"], capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # "true": the last checkpoint of --output_dir
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 
 @pytest.mark.slow

@@ -100,3 +100,18 @@ def remove_tree(path: Path) -> None:
     retired = staging_path(path)
     path.rename(retired)
     shutil.rmtree(retired)
+
+
+def last_checkpoint(resume: str | None, output_dir: str | Path) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names: a directory as given, or for "true" the last `checkpoint-N`
+    under `output_dir` (as `Trainer.train(resume_from_checkpoint=True)` finds it); refuses "true" with none there."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if resume is None or resume.lower() != "true":
+        return resume
+    found = get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
+    if found is None:
+        raise CheckpointError(
+            f"--resume_from_checkpoint true: {output_dir} holds no checkpoint-N to resume from", path=output_dir
+        )
+    return found

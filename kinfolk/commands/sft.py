@@ -37,7 +37,13 @@ from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
-from kinfolk.commands.launching import check_launch_arguments, check_resume_checkpoint, launch, remove_tree
+from kinfolk.commands.launching import (
+    check_launch_arguments,
+    check_resume_checkpoint,
+    last_checkpoint,
+    launch,
+    remove_tree,
+)
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError, OutputExistsError
@@ -134,7 +140,7 @@ def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
 def check_inputs(script_args, training_args, model_args) -> None:
     """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
     an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
-    `--resume_from_checkpoint` directory that is not there."""
+    `--resume_from_checkpoint` directory that is not there (for "true": no checkpoint in `--output_dir`)."""
     from kinfolk.atomic import check_writable
     from kinfolk.inputs import check_model
 
@@ -142,8 +148,9 @@ def check_inputs(script_args, training_args, model_args) -> None:
         raise InputError("--model_name_or_path is required")
     check_model(model_args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
     check_writable(Path(training_args.output_dir) / "checkpoint")
-    if isinstance(training_args.resume_from_checkpoint, str):
-        check_resume_checkpoint(training_args.resume_from_checkpoint)
+    resume = last_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is not None:
+        check_resume_checkpoint(resume)
 
 
 def train(script_args, training_args, model_args, dataset_args, *extension_options):
@@ -178,7 +185,9 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
     for extension, options in zip(EXTENSIONS, extension_options):
         if extension.prepare is not None:
             extension.prepare(options, trainer)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(
+        resume_from_checkpoint=last_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    )
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
