@@ -110,3 +110,19 @@ def test_merge_op_help_lists_that_operations_config_keys(capsys):
     for key in ("teacher", "student", "order", "num_patched", "patched_layers", "allow_other_teacher"):
         assert f"  {key}: {PatchConfig.__dataclass_fields__[key].metadata['help'][:40]}" in shown
     assert "teacher: teacher model directory (required)" in shown
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["score", "--dat", "x.jsonl", "--out", "o"], "kinfolk score: error: unrecognized arguments: --dat x.jsonl"),
+        (["drift", "--bogus", "1"], "kinfolk drift: error: unrecognized arguments: --bogus 1"),
+        (["drift", "--method", "a"], "kinfolk drift: error: the following arguments are required: --target, --out"),
+        (["churn", "a.jsonl"], "kinfolk churn: error: the following arguments are required: adapted"),
+    ],
+)
+def test_a_typo_is_named_before_the_required_option_it_leaves_unset(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(named)

@@ -15,6 +15,7 @@ refuse — and refuses options and config keys it does not know instead of ignor
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -36,9 +37,28 @@ class VerbParser(TrlParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
+    _strict = False  # set while `parse_with_rest(strict=True)` runs
+
     def parse_known_args(self, args=None, namespace=None):
-        namespace, rest = super().parse_known_args(args, namespace)
-        self._unknown_options = rest  # seen before the dataclasses are built (and their checks run)
+        if not self._strict or {"-h", "--help"} & set(args or []):  # help shows the required options as such
+            namespace, rest = super().parse_known_args(args, namespace)
+            self._unknown_options = rest  # seen before the dataclasses are built (and their checks run)
+            return namespace, rest
+        # strict: an unknown option is named before the required ones it may have been meant as
+        required = [action for action in self._actions if action.required]
+        for action in required:
+            action.required = False
+        try:
+            namespace, rest = super().parse_known_args(args, namespace)
+        finally:
+            for action in required:
+                action.required = True
+        if rest:
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        missing = [argparse._get_action_name(action) for action in required if getattr(namespace, action.dest) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        self._unknown_options = rest
         return namespace, rest
 
     def set_defaults_with_config(self, **kwargs) -> list[str]:
@@ -50,7 +70,7 @@ class VerbParser(TrlParser):
         keys and the command-line arguments that no dataclass knows. `strict` refuses those unknown ones, before
         any check of the dataclasses does: a typo is named, not the option it left unset."""
         argv = list(argv or [])
-        self._unknown_options, self._unknown_keys = [], []
+        self._unknown_options, self._unknown_keys, self._strict = [], [], strict
         try:
             *parsed, config_rest, cli_rest = self.parse_args_and_config(
                 list(argv), return_remaining_strings=True, separate_remaining_strings=True
@@ -59,6 +79,8 @@ class VerbParser(TrlParser):
             if strict:
                 self._refuse_unknown(argv, self._unknown_keys, self._unknown_options)
             self.error(str(error))
+        finally:
+            self._strict = False
         if strict:
             self._refuse_unknown(argv, config_rest, cli_rest)
         return tuple(parsed), config_rest, cli_rest
