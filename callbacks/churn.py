@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.errors import EmptyDatasetError, InputError
-from kinfolk.inputs import read_json_lines
+from kinfolk.errors import CorruptFileError, EmptyDatasetError, InputError, option_name
+from kinfolk.inputs import json_document, read_json_lines
 from kinfolk.stats import bootstrap_interval
 
 KINDS = ("C", "F", "G", "W")
@@ -51,7 +51,17 @@ class Outcome:
 def read_samples(path: str | Path) -> list[dict[str, Any]]:
     """Records of an lm-eval samples file (JSON lines); a missing or empty file, or a line that is not a JSON
     object, is refused naming the file (and the line)."""
-    records = read_json_lines(path, "samples file", entry="a samples record (a JSON object)")
+    try:
+        records = read_json_lines(path, "samples file", entry="a samples record (a JSON object)")
+    except CorruptFileError:
+        document = json_document(path)
+        if isinstance(document, dict) and "results" in document:
+            raise CorruptFileError(
+                f"{path} is an lm-eval results file (one JSON document with 'results'), not a samples log: churn "
+                "reads the samples_<task>_*.jsonl files lm-eval writes beside it with --log_samples",
+                path=path,
+            ) from None
+        raise
     if not records:
         raise EmptyDatasetError(f"{path} holds no sample records", path=path)
     return records
@@ -77,7 +87,9 @@ def outcomes(
     filters = sorted({record.get("filter", "none") for record in records})
     if filter_name is None:
         if len(filters) > 1:
-            raise InputError(f"the samples carry several filters {filters}; choose one (filter_name / --filter)")
+            raise InputError(
+                f"the samples carry several filters {filters}; choose one with {option_name('filter_name', '--filter')}"
+            )
         filter_name = filters[0]
     elif filter_name not in filters:
         raise InputError(f"filter {filter_name!r} not in the samples; they carry {filters}")

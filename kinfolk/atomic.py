@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kinfolk.errors import OutputExistsError, OutputNotWritableError
+from kinfolk.errors import OutputExistsError, OutputNotWritableError, option
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def check_destination(destination: str | Path, overwrite: bool) -> Path:
     clean_dead_staging(destination.parent, destination.name)
     if destination.exists() and not overwrite:
         raise OutputExistsError(
-            f"{destination} already exists; pass --overwrite (overwrite=True) to replace it", path=destination
+            f"{destination} already exists; pass {option('overwrite')} to replace it", path=destination
         )
     check_writable(destination)
     return destination

@@ -22,7 +22,45 @@ True
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+# How hints spell an option: as keyword arguments ("python") unless the command line runs ("cli", `cli_spelling`).
+_spelling = "python"
+
+
+@contextlib.contextmanager
+def cli_spelling() -> Iterator[None]:
+    """Inside, `option` spells options as command-line flags: the command line (`kinfolk.commands.run`) uses it."""
+    global _spelling
+    previous, _spelling = _spelling, "cli"
+    try:
+        yield
+    finally:
+        _spelling = previous
+
+
+def option(name: str, value: Any = True) -> str:
+    """How the user sets option `name` to `value`, for a hint in an error: `--name value` (or `--name` for True)
+    from the command line, `name=value` from Python.
+
+    >>> option("overlong", "skip")
+    "overlong='skip'"
+    >>> with cli_spelling():
+    ...     option("overlong", "skip"), option("overwrite")
+    ('--overlong skip', '--overwrite')
+    """
+    if _spelling == "cli":
+        return f"--{name}" if value is True else f"--{name} {value}"
+    return f"{name}={value!r}"
+
+
+def option_name(name: str, flag: str | None = None) -> str:
+    """An option's name as the user spells it: `--name` (or `flag`, when the command line names it otherwise) from
+    the command line, `name` from Python."""
+    return (flag or f"--{name}") if _spelling == "cli" else name
 
 
 class InputError(ValueError):

@@ -41,6 +41,14 @@ def read_json(path: str | Path, what: str = "file") -> Any:
         raise CorruptFileError(f"the {what} {path} is not valid JSON ({error})", path=path) from None
 
 
+def json_document(path: str | Path) -> Any:
+    """The file parsed as one JSON document, or None when it is not one."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
 def read_json_lines(
     path: str | Path,
     what: str,
@@ -58,6 +66,10 @@ def read_json_lines(
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as error:
+                    if not entries and json_document(path) is not None:  # e.g. pretty-printed JSON
+                        raise CorruptFileError(
+                            f"{path} is one JSON document, not a {what} of JSON lines ({entry} per line)", path=path
+                        ) from None
                     raise CorruptFileError(f"{path}:{number} is not JSON ({error})", path=path) from None
                 if not is_entry(value):
                     raise CorruptFileError(f"{path}:{number} is not {entry}", path=path)

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,6 +108,28 @@ def test_patching_every_block_of_an_init_student_gives_the_teacher(tiny_kit, tie
     assert patched.num_hidden_layers == teacher_config.num_hidden_layers
     assert getattr(patched, "layer_types", None) == getattr(teacher_config, "layer_types", None)
     assert patched.tie_word_embeddings == teacher_config.tie_word_embeddings
+    # k1 takes its embeddings from the teacher and its head from the student, which kept the teacher's: still tied
+    middle = AutoModelForCausalLM.from_pretrained(family / "k1")
+    tied = middle.get_output_embeddings().weight is middle.get_input_embeddings().weight
+    assert tied == teacher_config.tie_word_embeddings
+    assert ("lm_head.weight" in tensors(family / "k1")) == (not teacher_config.tie_word_embeddings)
+
+
+def test_patch_says_once_why_it_unties_the_head(tiny_kit, tied_teachers, tmp_path, caplog):
+    import logging
+
+    teacher = tied_teachers["llama"]
+    student = distilled_copy(
+        init_student(teacher, tmp_path / "init", every=2), tmp_path / "student", tiny_kit.tokenizer()
+    )
+    config = {"op": "patch", "teacher": str(teacher), "student": str(student)}
+    with caplog.at_level(logging.WARNING, logger="kinfolk.plugins.adapt.plan"):
+        family = merge(config, tmp_path / "family", all_sizes=True, progress=False)
+    (said,) = [record.getMessage() for record in caplog.records]
+    assert said.startswith("patch: 1 of 3 output models get their own LM head (")
+    assert said.endswith("embeddings come from the teacher and their head from the student, whose tied embedding "
+                         "matrices differ")  # fmt: skip
+    assert "lm_head.weight" in tensors(family / "k1") and "lm_head.weight" not in tensors(family / "k2")
 
 
 def expected_patch(teacher, student, blocks, patched, tied):
@@ -425,6 +448,16 @@ def test_output_is_deterministic_and_not_overwritten_by_default(qwen_students, t
     assert provenance["output"]["k"] == 1
 
 
+def safetensors_names(directory) -> list[str]:
+    from safetensors import safe_open
+
+    names = []
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            names += list(handle.keys())
+    return names
+
+
 def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
     config = tmp_path / "init.yaml"
     config.write_text(f"teacher: {qwen_students['teacher']}\nlayers:\n  every: 2\n  last: 1\n")
@@ -434,5 +467,16 @@ def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
     assert LayerMap.load(tmp_path / "s").blocks == ((0, 2), (2, 3), (3, 4))
     again = subprocess.run([*command, "--out", str(tmp_path / "s")], capture_output=True, text=True)
     assert again.returncode == 2 and "already exists" in again.stderr
-    dry = subprocess.run([*command, "--dry-run"], capture_output=True, text=True)
-    assert dry.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in dry.stdout
+    planned = tmp_path / "planned"
+    dry = subprocess.run([*command, "--dry-run", "--out", str(planned)], capture_output=True, text=True)
+    assert dry.returncode == 0 and not planned.exists()
+    lines = dry.stdout.splitlines()  # a summary: the inputs, the output at --out, its tensors counted by input
+    assert lines[:2] == ["kinfolk merge init-student", f"  input teacher: {qwen_students['teacher']}"]
+    count = len(safetensors_names(tmp_path / "s"))  # every tensor of init-student comes from the teacher
+    assert lines[2].startswith(f"  output {planned}: {count} tensors, ") and lines[3:] == [
+        "    num_layers 3; blocks [[0, 2], [2, 3], [3, 4]]",
+        f"    {count} tensors from teacher",
+    ]
+    assert max(map(len, lines[3:])) <= 100
+    every = subprocess.run([*command, "--dry-run", "--verbose"], capture_output=True, text=True)
+    assert every.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in every.stdout

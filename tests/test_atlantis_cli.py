@@ -71,6 +71,28 @@ def test_reweighting_a_scored_dataset_needs_no_model(setup, tmp_path):
     np.testing.assert_allclose(load_from_disk(str(again))["weight"], expected["weight"], rtol=1e-12)
 
 
+def test_select_fraction_when_reweighting_selects_by_the_files_ifd_or_is_refused(setup, tmp_path, capsys):
+    scored = tmp_path / "scored"
+    assert main(["score", "--data", str(setup["data"]), *setup["models"], "--out", str(scored), *setup["cache"]]) == 0
+    refused = tmp_path / "refused.jsonl"
+    capsys.readouterr()
+    assert main(["score", "--data", str(scored), "--out", str(refused), "--select_fraction", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{scored}: --select_fraction 0.5 needs each row's IFD" in err
+    assert "no 'ifd' column" in err and "--small_base MODEL" in err and not refused.exists()
+
+    selected = tmp_path / "selected"
+    argv = ["score", "--data", str(setup["data"]), *setup["models"], "--out", str(selected), *setup["cache"]]
+    assert main([*argv, "--select_fraction", "0.75"]) == 0
+    ifd = np.asarray(load_from_disk(str(selected))["ifd"])
+    half = tmp_path / "half.jsonl"
+    assert main(["score", "--data", str(selected), "--out", str(half), "--select_fraction", "0.5"]) == 0
+    kept = Dataset.from_json(str(half))
+    assert len(kept) == int(np.ceil(0.5 * len(ifd)))  # the top half by the file's own IFD column
+    np.testing.assert_allclose(sorted(kept["ifd"], reverse=True), sorted(ifd, reverse=True)[: len(kept)], rtol=1e-12)
+    np.testing.assert_allclose(kept["weight"], compute_weights(kept)["weight"], rtol=1e-12)  # re-weighted
+
+
 def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
     rows = prompt_completion_dataset(4).to_list()
     rows[2]["completion"] = ""

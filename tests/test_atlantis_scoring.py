@@ -58,6 +58,18 @@ def test_conversations_score_the_assistant_turns_only(tiny_kit, architecture):
     assert scores.tokens.tolist() == expected_counts.tolist()
 
 
+def test_scoring_conversations_says_once_that_sfttrainer_trains_every_token_by_default(monkeypatch, caplog):
+    monkeypatch.setattr(scoring_module, "_said", set())
+    with caplog.at_level(logging.WARNING, logger=scoring_module.__name__):
+        for _ in range(3):  # one call per model of a run
+            assert scoring_module.scoring_sft_args(conversational_dataset(2), NO_CACHE).assistant_only_loss
+        scoring_module.scoring_sft_args(prompt_completion_dataset(2), NO_CACHE)
+        chosen = ScoreConfig(use_cache=False, assistant_only_loss=True)  # asked for: nothing to say
+        scoring_module.scoring_sft_args(conversational_dataset(2), chosen)
+    (said,) = [record.getMessage() for record in caplog.records]
+    assert "SFTTrainer trains every token unless told assistant_only_loss=True" in said
+
+
 @pytest.fixture(scope="module")
 def other_family(tmp_path_factory):
     """A small base and its instruct sibling with a tokenizer of another vocabulary size (another family)."""
@@ -200,6 +212,9 @@ def test_overlong_rows_error_or_are_skipped_and_counted(tiny_kit):
     too_long = [i for i, n in enumerate(lengths) if n > limit]
     assert too_long
     pattern = re.escape(f"rows {too_long} are longer than small_base model") + rf".*olmo2.*context of {limit}"
+    pattern += ".*;" + re.escape(
+        " pass overlong='skip' to leave them unscored, or a larger max_length"
+    )  # Python spelling
     with pytest.raises(ScoringError, match=pattern):
         score_model(dataset, model_dir, "small_base", ScoreConfig(use_cache=False, max_length=limit))
     family = tiny_kit.family("olmo2")

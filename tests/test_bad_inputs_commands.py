@@ -94,7 +94,12 @@ SCORE_DATA_CASES = {
     "rows longer than the model": (
         "train.jsonl",
         ["--max_length", "2"],
-        ["train.jsonl", "rows [0, 1", "context of 2"],
+        [
+            "train.jsonl",
+            "rows [0, 1",
+            "context of 2",
+            "pass --overlong skip to leave them unscored, or a larger --max_",
+        ],
     ),
 }
 
@@ -416,6 +421,8 @@ def samples(tmp_path_factory):
     write_lines(root / "broken.jsonl", [json.dumps(frozen[0]) + "\n", '{"doc_id": 1,\n'])
     write_lines(root / "a-list.jsonl", [json.dumps(frozen[0]) + "\n", "[1, 2]\n"])
     (root / "a-file").write_text("")
+    (root / "results_2026.json").write_text(json.dumps({"results": {"gsm8k": {"acc": 0.5}}, "configs": {}}, indent=2))
+    (root / "pretty.json").write_text(json.dumps(frozen[0], indent=2))
     return root
 
 
@@ -423,12 +430,26 @@ CHURN_CASES = {
     "frozen file missing": (["missing.jsonl", "adapted.jsonl"], [], ["missing.jsonl: no such samples file"]),
     "empty file": (["frozen.jsonl", "empty.jsonl"], [], ["empty.jsonl holds no sample records"]),
     "broken JSON line": (["frozen.jsonl", "broken.jsonl"], [], ["broken.jsonl:2 is not JSON"]),
+    "an lm-eval results file": (
+        ["results_2026.json", "adapted.jsonl"],
+        [],
+        ["results_2026.json is an lm-eval results file", "not a samples log", "samples_<task>_*.jsonl"],
+    ),
+    "one pretty-printed JSON record": (
+        ["pretty.json", "adapted.jsonl"],
+        [],
+        ["pretty.json is one JSON document, not a samples file of JSON lines (a samples record"],
+    ),
     "a line that is not a record": (["a-list.jsonl", "adapted.jsonl"], [], ["a-list.jsonl:2 is not a samples record"]),
     "not lm-eval samples": (["frozen.jsonl", "not-samples.jsonl"], [], ["not-samples.jsonl", "'filtered_resps'"]),
     "metric missing": (["frozen.jsonl", "no-metric.jsonl"], [], ["no-metric.jsonl", "has no metric 'exact_match'"]),
     "metric not a number": (["frozen.jsonl", "text-metric.jsonl"], [], ["text-metric.jsonl", "'yes', not a number"]),
     "unknown metric": (["frozen.jsonl", "adapted.jsonl"], ["--metric", "acc"], ["frozen.jsonl", "no metric 'acc'"]),
-    "several filters": (["two-filters.jsonl", "adapted.jsonl"], [], ["two-filters.jsonl", "several filters"]),
+    "several filters": (
+        ["two-filters.jsonl", "adapted.jsonl"],
+        [],
+        ["two-filters.jsonl", "several filters", "with --filter"],
+    ),
     "unknown filter": (["frozen.jsonl", "adapted.jsonl"], ["--filter", "strict"], ["filter 'strict' not in"]),
     "other questions": (
         ["frozen.jsonl", "adapted.jsonl", "other-questions.jsonl"],

@@ -17,6 +17,7 @@ from datasets import Dataset, DatasetDict
 from refusal_helpers import assert_command_refused, assert_refused
 from sft_helpers import config
 
+from kinfolk.commands import main as kinfolk_main
 from kinfolk.commands import run
 from kinfolk.commands.sft import launched
 from kinfolk.errors import DatasetFormatError, EmptyDatasetError
@@ -91,6 +92,7 @@ SFT_CASES = {
     "model missing": (["--model_name_or_path", "{data}/no-model"], ["no-model: no such directory"]),
     "checkpoint missing": (["--resume_from_checkpoint", "{data}/checkpoint-9"], ["checkpoint-9: no such checkpoint"]),
     "not a checkpoint": (["--resume_from_checkpoint", "{data}/not-a-checkpoint"], ["has no trainer_state.json"]),
+    "nothing to resume": (["--resume_from_checkpoint", "true"], ["--resume_from_checkpoint true:", "no checkpoint-N"]),
     # adapters
     "ATLAS rank above the module": (
         ["--use_atlas", "--atlas_retained_dataset", "{data}/train.jsonl", "--atlas_r", "999", "--atlas_layers", "0"],
@@ -133,15 +135,12 @@ def test_sft_refuses_an_output_dir_that_is_a_file(tiny_kit, data):
         (["--prompt_loss_weight", "-1"], "prompt_loss_weight=-1.0 must lie in [0, 1]"),
         (["--weight_reduction", "bogus"], "argument --weight_reduction/--weight-reduction: invalid choice: 'bogus'"),
         (["--atlas_residual", "bogus"], "--atlas_residual"),
+        # a typo that neither kinfolk sft nor accelerate launch knows: one line, not accelerate's usage
+        (["--weight_colum", "weight"], "unrecognized option --weight_colum: neither a kinfolk sft option nor an"),
+        (["--num_proceses", "2"], "unrecognized option --num_proceses"),
     ],
 )
-def test_sft_refuses_bad_options_before_launching(data, tmp_path, monkeypatch, options, named):
-    import accelerate.commands.launch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("accelerate launch started before the options were checked")
-
-    monkeypatch.setattr(accelerate.commands.launch, "launch_command", refuse)
+def test_sft_refuses_bad_options_before_launching(data, tmp_path, refuse_launch, options, named):
     out = tmp_path / "run"
     argv = [
         "sft",
@@ -155,6 +154,68 @@ def test_sft_refuses_bad_options_before_launching(data, tmp_path, monkeypatch, o
     ]
     argv += options
     assert_command_refused(argv, named, destination=out)
+
+
+@pytest.fixture
+def refuse_launch(monkeypatch):
+    """`accelerate launch` fails the test: what is checked must be refused before any process starts."""
+    import accelerate.commands.launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("accelerate launch started before the options were checked")
+
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", refuse)
+
+
+def test_sft_refuses_an_unknown_config_key_naming_the_file(data, tmp_path, refuse_launch):
+    config = tmp_path / "run.yaml"
+    config.write_text("weight_colum: weight\nnum_processes: 1\n")  # a typo beside a known accelerate key
+    argv = ["sft", "--config", config, "--model_name_or_path", "m", "--dataset_name", data / "train.jsonl"]
+    argv += ["--output_dir", tmp_path / "run", "--use_cpu"]
+    assert_command_refused(argv, f"{config}: unknown key 'weight_colum'", destination=tmp_path / "run")
+
+
+def sft_argv(tiny_kit, data, out, *options):
+    return ["sft", "--model_name_or_path", tiny_kit.model_dir("llama"), "--dataset_name", data / "train.jsonl",
+            "--output_dir", out, *TINY_RUN, *options]  # fmt: skip
+
+
+def test_sft_refuses_an_output_dir_holding_a_run_unless_resuming_or_overwrite(tiny_kit, data, tmp_path, monkeypatch):
+    import accelerate.commands.launch
+
+    out = tmp_path / "run"
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    launched = []
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", lambda args: launched.append(out.exists()))
+    assert_command_refused(sft_argv(tiny_kit, data, out), f"--output_dir {out} already holds a run", "--overwrite")
+    assert (out / "checkpoint-4").is_dir() and launched == []
+    resume = ["--resume_from_checkpoint", out / "checkpoint-4"]
+    assert kinfolk_main([str(a) for a in sft_argv(tiny_kit, data, out, *resume)]) == 0
+    assert launched == [True] and (out / "checkpoint-4").is_dir()  # resuming continues the run in place
+    assert kinfolk_main([str(a) for a in sft_argv(tiny_kit, data, out, "--overwrite")]) == 0
+    assert launched == [True, False]  # --overwrite removed the old run before launching
+
+
+@pytest.mark.slow
+def test_kinfolk_sft_twice_into_one_output_dir_is_refused_the_second_time(tiny_kit, data, tmp_path):
+    out = tmp_path / "run"
+    command = [str(Path(sys.executable).with_name("kinfolk")), *map(str, sft_argv(tiny_kit, data, out))]
+    command += ["--save_strategy", "steps", "--save_steps", "1"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [line for line in second.stderr.splitlines() if line.startswith("kinfolk sft: error:")]
+    assert errors == [
+        f"kinfolk sft: error: --output_dir {out} already holds a run; pass --overwrite to replace it or "
+        "--resume_from_checkpoint to continue it"
+    ], second.stderr[-3000:]
+    resumed = subprocess.run([*command, "--resume_from_checkpoint", "true", "--max_steps", "2"], capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # "true": the last checkpoint of --output_dir
+    assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 
 @pytest.mark.slow

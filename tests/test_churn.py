@@ -82,7 +82,7 @@ def test_outcomes_from_records():
     assert parsed == {"h0": Outcome("12", True), "h1": Outcome("7", False)}
     multiple_choice = [{**record(0, "h0", None, True, metric="acc"), "filtered_resps": [[-2.0, False], [-0.5, True]]}]
     assert outcomes(multiple_choice)["h0"] == Outcome(1, True)
-    with pytest.raises(ValueError, match="several filters"):
+    with pytest.raises(ValueError, match=r"several filters .*; choose one with filter_name$"):
         outcomes([*records, record(0, "h0", "12", True, filter_name="flexible")])
     with pytest.raises(KeyError, match="no metric 'acc'"):
         outcomes(records, metric="acc")
@@ -110,3 +110,18 @@ def test_churn_verb_prints_and_writes(tmp_path, capsys):
     assert saved["comparison"]["C"]["estimate"] == pytest.approx(0.5)
     assert main(["churn", *paths, "--out", str(out)]) == 2  # bad input: one line, no traceback
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_rate_over_no_question_is_shown_as_such(tmp_path, capsys):
+    import json
+
+    from kinfolk.commands import main
+
+    paths = []
+    for name in ("frozen", "adapted"):  # both wrong everywhere: no frozen-correct question, so no F rate
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(record(i, f"h{i}", "x", False)) + "\n" for i in range(3)))
+        paths.append(str(path))
+    assert main(["churn", *paths, "--bootstrap", "50"]) == 0
+    printed = capsys.readouterr().out
+    assert "| F | 0 | — (no such question) | frozen-correct |" in printed and "nan" not in printed

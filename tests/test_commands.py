@@ -69,3 +69,60 @@ def test_eval_help_documents_kinfolks_own_options(capsys):
     assert exit_info.value.code == 0
     shown = capsys.readouterr().out
     assert "--skip_default_tasks" in shown and "--skip-default-tasks" in shown and "lm-eval run --help" in shown
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        # options a dataclass check would otherwise pre-empt ("--outcomes and --out are required")
+        (["route", "--bogus", "1"], "kinfolk route: error: unrecognized arguments: --bogus 1"),
+        # an option neither distil nor accelerate launch knows, refused before "--teacher and --out are required"
+        (["distil", "--bogus", "1"], "kinfolk distil: error: unrecognized option --bogus: neither a kinfolk distil"),
+        # lm-eval's parser, speaking as kinfolk eval
+        (["eval", "--bogus", "1"], "kinfolk eval: error: unrecognized arguments: --bogus 1 (see kinfolk eval --help"),
+    ],
+)
+def test_an_unknown_option_is_named_as_the_verbs_own(argv, named, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip().splitlines()[-1]] and err.startswith(named), err
+
+
+@pytest.mark.parametrize("argv", [["lab", "--help"], ["lab", "experiment", "--help"]])
+def test_lab_help_starts_with_a_usage_line(argv, capsys):
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"usage: kinfolk {' '.join(argv[:-1])} {{")
+
+
+def test_merge_op_help_lists_that_operations_config_keys(capsys):
+    from kinfolk.plugins.adapt.config import PatchConfig
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", "patch", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "patch: Model = the student with some layers replaced" in shown and "CONFIG.yaml keys:" in shown
+    for key in ("teacher", "student", "order", "num_patched", "patched_layers", "allow_other_teacher"):
+        assert f"  {key}: {PatchConfig.__dataclass_fields__[key].metadata['help'][:40]}" in shown
+    assert "teacher: teacher model directory (required)" in shown
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["score", "--dat", "x.jsonl", "--out", "o"], "kinfolk score: error: unrecognized arguments: --dat x.jsonl"),
+        (["drift", "--bogus", "1"], "kinfolk drift: error: unrecognized arguments: --bogus 1"),
+        (["drift", "--method", "a"], "kinfolk drift: error: the following arguments are required: --target, --out"),
+        (["churn", "a.jsonl"], "kinfolk churn: error: the following arguments are required: adapted"),
+    ],
+)
+def test_a_typo_is_named_before_the_required_option_it_leaves_unset(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(named)

@@ -19,7 +19,14 @@ import pytest
 
 from kinfolk.callbacks.drift_log import append_row
 from kinfolk.commands import main
-from kinfolk.drift_report import load_run, parse_requirements, shared_requirements, target_matched
+from kinfolk.commands.drift_report import (
+    Run,
+    load_run,
+    markdown,
+    parse_requirements,
+    shared_requirements,
+    target_matched,
+)
 
 TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
 RUNS = {
@@ -56,8 +63,9 @@ def test_selection_and_aggregation_by_hand(run_dirs):
     assert lora["ratio_by_seed"] == pytest.approx({"1": 0.3, "2": 0.6})
     assert lora["ratio"]["estimate"] == pytest.approx(math.sqrt(0.18))
     assert lora["reduction"]["estimate"] == pytest.approx(1 - math.sqrt(0.18))
-    # two seeds: the bootstrap can only draw {.3,.3}, {.3,.6}, {.6,.6}
-    assert lora["ratio"]["low"] == pytest.approx(0.3) and lora["ratio"]["high"] == pytest.approx(0.6)
+    # two seeds: the values are the report, no interval (the lab protocol asks for 5 units)
+    assert set(lora["ratio"]) == {"estimate"} and set(lora["reduction"]) == {"estimate"}
+    assert report["flags"] == []
     assert lora["ratio_by_requirement"][0] == pytest.approx(math.sqrt(0.05))
     assert report["methods"]["atlas"]["mean_kl"] == pytest.approx(math.sqrt(0.003 * 0.004))
     assert report["methods"]["lora"]["mean_kl"] == pytest.approx(math.sqrt(0.010 * 0.02 / 3))
@@ -79,7 +87,8 @@ def test_cli_writes_markdown_json_and_plot(run_dirs, tmp_path, capsys):
         argv += ["--run", method, seed, str(path)]
     assert main(argv) == 0
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "| lora | 2 |" in text and "0.4243" in text and "57.57%" in text
+    assert "| lora | 2 | 0.008165 | 0.4243 (2 seeds: 0.3000, 0.6000; no interval) | 57.57% |" in text
+    assert "95% CI" not in text.split("\n\n", 2)[2]  # only the explanation above the table names one
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     assert saved["comparisons"]["lora"]["ratio"]["estimate"] == pytest.approx(math.sqrt(0.18))
     assert (tmp_path / "report" / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -91,3 +100,31 @@ def test_cli_writes_markdown_json_and_plot(run_dirs, tmp_path, capsys):
 def test_missing_keys_are_named(run_dirs):
     with pytest.raises(ValueError, match="no step with both 'lm_eval/other'"):
         load_run("atlas", "1", run_dirs[("atlas", "1")], "lm_eval/other")
+
+
+def five_seed_runs(lora_targets=(10, 12, 14)):
+    """atlas and lora, seeds 1-5; atlas/s reaches every target with KL s/100, lora with 2·s/100 (ratio 1/2)."""
+    runs = []
+    for seed in range(1, 6):
+        runs.append(Run("atlas", str(seed), "a", [(i, t, seed / 100) for i, t in enumerate((10, 12, 14))]))
+        runs.append(Run("lora", str(seed), "l", [(i, t, 2 * seed / 100) for i, t in enumerate(lora_targets)]))
+    return runs
+
+
+def test_five_seeds_get_a_bootstrap_interval_fewer_get_their_values():
+    report = target_matched(five_seed_runs(), "atlas", n_resamples=200)
+    lora = report["comparisons"]["lora"]
+    assert lora["ratio"]["estimate"] == pytest.approx(0.5)
+    assert lora["ratio"]["low"] == pytest.approx(0.5) and lora["ratio"]["high"] == pytest.approx(0.5)
+    four = [run for run in five_seed_runs() if run.seed != "5"]
+    assert set(target_matched(four, "atlas", n_resamples=200)["comparisons"]["lora"]["ratio"]) == {"estimate"}
+
+
+def test_a_target_that_never_moved_is_flagged():
+    runs = five_seed_runs(lora_targets=(10, 12, 14))
+    runs[1] = Run("lora", "1", "l", [(i, 14.0, 0.02) for i in range(3)])  # scores 14 from the first checkpoint
+    report = target_matched(runs, "atlas", requirements=[10.0, 12.0, 14.0], n_resamples=100)
+    assert report["flags"] == [
+        "run lora/1: its target never moved (14 at every checkpoint), so its KL is not matched to reaching a score"
+    ]
+    assert "## Flags\n\n- run lora/1: its target never moved" in markdown(report, TARGET, "retained_kl")

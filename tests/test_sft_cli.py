@@ -159,3 +159,19 @@ def test_the_example_runs_under_accelerate_launch_with_its_yaml(tiny_kit, weight
     assert (out / "model.safetensors").is_file()
     logged = [entry for entry in _logged(out) if "loss" in entry]
     assert len(logged) == 2 and all(0 <= entry["weight/min"] <= entry["weight/max"] for entry in logged)
+
+
+def test_accelerate_gets_the_values_it_would_default_with_a_warning(monkeypatch, tmp_path):
+    import accelerate.commands.config
+    import torch
+
+    from kinfolk.commands.launching import without_config_defaults
+
+    monkeypatch.setattr(accelerate.commands.config, "default_config_file", str(tmp_path / "none.yaml"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    stated = without_config_defaults(["--num_machines=1"])
+    assert stated == ["--num_machines=1", "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes", "1"]
+    # with an accelerate config file (given, or the default one) its values hold: nothing is added
+    assert without_config_defaults(["--config_file", "fsdp.yaml"]) == ["--config_file", "fsdp.yaml"]
+    (tmp_path / "none.yaml").write_text("num_processes: 2\n")
+    assert without_config_defaults([]) == []

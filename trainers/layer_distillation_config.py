@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 from trl import SFTConfig
 
+from kinfolk.trainers.config_defaults import apply_config_defaults
+
 
 @dataclass
 class LayerDistillationConfig(SFTConfig):
@@ -77,6 +79,7 @@ class LayerDistillationConfig(SFTConfig):
     _VALID_DICT_FIELDS: ClassVar[list[str]] = [*SFTConfig._VALID_DICT_FIELDS, "teacher_model_init_kwargs"]
 
     def __post_init__(self):
+        apply_config_defaults(self)  # before TRL's, which would default bf16 to True
         super().__post_init__()
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from trl import SFTConfig
 
 from kinfolk.divergence import DIVERGENCES
+from kinfolk.trainers.config_defaults import apply_config_defaults
 
 WEIGHT_REDUCTIONS = ("token", "sequence", "self_normalized")
 
@@ -145,6 +146,7 @@ class WeightedSFTConfig(SFTConfig):
     )
 
     def __post_init__(self):
+        apply_config_defaults(self)  # before TRL's, which would default bf16 to True
         super().__post_init__()
         # A command line cannot spell None: `--weight_column None` arrives as the string "None".
         if self.weight_column in ("None", "none", ""):

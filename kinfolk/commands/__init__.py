@@ -1,4 +1,5 @@
-"""The `kinfolk <verb>` command line: one module per verb in this package, the verb table below.
+"""The `kinfolk <verb>` command line: one module per verb in this package (beside the helpers they share: `parsing`,
+`launching`, and the drift command's report, `drift_report`), the verb table below.
 
 Every verb parses its options from dataclasses with TRL's parser (`kinfolk.commands.parsing.VerbParser`): each
 `--x_y` option is also `--x-y`, `--config run.yaml` supplies the same keys, and `--help` lists them with their help.
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Callable
 
 from kinfolk import __version__
-from kinfolk.errors import InputError
+from kinfolk.errors import InputError, cli_spelling
 from kinfolk.process_group import end_process_group
 
 # verb -> (module with `main(argv) -> int`, one-line help)
@@ -76,7 +77,8 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False) -> int:
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        code = int(call() or 0)
+        with cli_spelling():  # hints in errors name the flags the user types, not keyword arguments
+            code = int(call() or 0)
         if code == 0:
             end_process_group()
         return code

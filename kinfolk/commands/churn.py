@@ -5,6 +5,7 @@ samples files (`--log_samples`), as a markdown table; with a comparator, the pai
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,8 @@ def make_parser() -> VerbParser:
 
 
 def _cell(interval: Mapping[str, float], percent: bool = True) -> str:
+    if math.isnan(interval["estimate"]):  # a rate over no question (e.g. F when the frozen model got none right)
+        return "— (no such question)"
     scale = 100.0 if percent else 1.0
     return f"{scale * interval['estimate']:.2f} [{scale * interval['low']:.2f}, {scale * interval['high']:.2f}]"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
-from kinfolk.commands.launching import check_resume_checkpoint, launch
+from kinfolk.commands.launching import check_launch_arguments, check_resume_checkpoint, launch, remove_tree
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import InputError, LayerMapError
 from kinfolk.plugins.adapt.layer_map import LayerSelection
@@ -68,10 +68,6 @@ class DistilArguments:
     )
     split: str = field(default="train", metadata={"help": "Split of Hub datasets."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
-
-    def __post_init__(self) -> None:
-        if not self.teacher or not self.out:
-            raise InputError("--teacher and --out are required")
 
 
 def layer_selection(layers: str | dict) -> LayerSelection:
@@ -161,20 +157,14 @@ def _shared_staging(destination: Path, state) -> Path:
     return Path(name[0])
 
 
-def _remove_tree(path: Path) -> None:
-    """Remove a directory by first renaming it to a staging name: a removal cut short leaves no half-deleted tree
-    where a user or a rerun would read it (the next run to that destination removes what is left)."""
-    retired = staging_path(path)
-    path.rename(retired)
-    shutil.rmtree(retired)
-
-
 def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
     """Refuse, before any process starts (and before `--overwrite` clears anything), what would fail later: an
     existing or unwritable `--out`, a `--resume_from_checkpoint` that is not a checkpoint, a teacher that cannot
     load, a layer selection that does not fit it, and data that is missing, empty or unreadable."""
     from kinfolk.inputs import check_model
 
+    if not args.teacher or not args.out:  # checked here, after the parse has named any unknown option
+        raise InputError("--teacher and --out are required")
     if not (args.pretraining_data or args.sft_data):
         raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
     selection = layer_selection(args.layers)
@@ -199,7 +189,7 @@ def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -
     (the merges' outputs, each `checkpoint-N`, the distilled student), the delta last."""
     out = check_inputs(args, training_args)
     if training_args.resume_from_checkpoint is None and out.exists():
-        _remove_tree(out)
+        remove_tree(out)
     return out
 
 
@@ -207,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
     (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
     prepare_out(args, training_args)
     code = launch(__name__, argv, config_remaining, cli_remaining)
     if code == 0:

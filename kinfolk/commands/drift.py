@@ -1,4 +1,4 @@
-"""`kinfolk drift`: retained KL at matched target scores across methods and seeds (`kinfolk.drift_report`).
+"""`kinfolk drift`: retained KL at matched target scores across methods and seeds (`kinfolk.commands.drift_report`).
 
     kinfolk drift --run atlas 1 runs/atlas-s1 --run atlas 2 runs/atlas-s2 \\
         --run lora 1 runs/lora-s1 --run lora 2 runs/lora-s2 \\
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kinfolk.atomic import check_destination
+from kinfolk.commands.drift_report import load_run, parse_requirements, target_matched, write_report
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.drift_report import load_run, parse_requirements, target_matched, write_report
 from kinfolk.errors import InputError
 
 

@@ -62,8 +62,7 @@ def collect_environment() -> dict[str, object]:
         bf16 = torch.cuda.is_bf16_supported()
     else:
         device = "cpu"
-        # CPUs run bf16 matmuls in emulation; transformers accepts it, but it is slow.
-        bf16 = True
+        bf16 = False  # CPUs only emulate bf16 (autocast, slow); kinfolk's trainers default to fp32 there
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -81,7 +80,13 @@ def format_environment(env: dict[str, object]) -> str:
     lines += [f"{name:<14} {version}" for name, version in env["versions"].items()]
     devices = ", ".join(env["cuda_devices"]) or "none"
     lines.append(f"{'device':<14} {env['device']}  (CUDA devices: {devices}; torch threads: {env['torch_threads']})")
-    lines.append(f"{'bf16':<14} {'supported' if env['bf16_supported'] else 'not supported'}")
+    if env["bf16_supported"]:
+        bf16 = "supported"
+    elif env["device"] == "cpu":
+        bf16 = "CPU: emulated only; kinfolk sft and distil train in fp32 here unless --bf16 true"
+    else:
+        bf16 = "not supported by this GPU; kinfolk sft and distil train in fp32"
+    lines.append(f"{'bf16':<14} {bf16}")
     plugins = env["peft_plugins"]
     listed = ", ".join(f"{name} ({path})" for name, path in plugins.items()) if plugins else "none registered"
     lines.append(f"{'peft plugins':<14} {listed}")

@@ -21,6 +21,7 @@ Every other option is lm-eval's and passes through unchanged: `lm-eval run --hel
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
@@ -138,12 +139,38 @@ def _checked(config_class):
     return CheckedConfig
 
 
+def _usage_errors_as_kinfolk_eval(parser) -> None:
+    """lm-eval's parser (and each sub-command's) reports a usage error as kinfolk eval's one line: the user typed
+    `kinfolk eval`, whose own options and lm-eval's are both accepted."""
+
+    def refuse(message: str):
+        raise InputError(f"{' '.join(message.split())} (see kinfolk eval --help and lm-eval run --help)")
+
+    parser.prog = "kinfolk eval"
+    parser.error = refuse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                subparser.prog = f"kinfolk eval {name}"
+                subparser.error = refuse
+
+
+def cli_evaluate() -> None:
+    """`lm_eval.__main__.cli_evaluate`, its usage errors spoken as kinfolk eval's."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    harness = HarnessCLI()
+    _usage_errors_as_kinfolk_eval(harness._parser)
+    harness.execute(harness.parse_args())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     (options,), lm_eval_argv = make_parser().parse_known(argv)
     import lm_eval.config.evaluate_config as evaluate_config
     import lm_eval.tasks
-    from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv, lm_eval.tasks.TaskManager, os.environ.get(ALLOW_ENV), evaluate_config.EvaluatorConfig
     lm_eval.tasks.TaskManager = _with_kinfolk_tasks(lm_eval.tasks.TaskManager, not options.skip_default_tasks)

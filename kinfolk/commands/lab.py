@@ -80,6 +80,9 @@ EXPERIMENTS = {
 def experiment(argv: list[str]) -> int:
     from importlib import import_module
 
+    if argv[:1] and argv[0] in HELP:
+        print_usage("kinfolk lab experiment", EXPERIMENTS, __doc__)
+        return 0
     if not argv or argv[0] not in EXPERIMENTS:
         choices = ", ".join(EXPERIMENTS)
         raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
@@ -108,10 +111,18 @@ def experiment(argv: list[str]) -> int:
 ACTIONS = {"build": build, "experiment": experiment}
 
 
+HELP = ("-h", "--help")
+
+
+def print_usage(prog: str, choices, doc: str) -> None:
+    """Help that starts with a usage line, as every verb's argparse help does."""
+    print(f"usage: {prog} {{{','.join(choices)}}} [options]  (`{prog} <choice> --help` lists the options)\n\n{doc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
-    if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
+    if argv[:1] and argv[0] in HELP:
+        print_usage("kinfolk lab", ACTIONS, __doc__)
         return 0
     if not argv or argv[0] not in ACTIONS:
         raise InputError(f"kinfolk lab needs an action: {' | '.join(ACTIONS)} (got {' '.join(argv[:1]) or 'none'})")

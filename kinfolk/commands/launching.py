@@ -1,14 +1,70 @@
 """Starting a verb's own module on every process with `accelerate launch`, as `trl sft` does (`kinfolk sft`,
 `kinfolk distil`): the arguments the verb's parser does not know, from the command line or its `--config` file, are
 `accelerate launch`'s; the rest go to the launched module. A launched process's exit code (2 for bad input it
-found) is the verb's."""
+found) is the verb's. What neither the verb nor `accelerate launch` knows is refused first, in one line
+(`check_launch_arguments`), instead of reaching accelerate, which would print its whole usage.
+
+>>> check_launch_arguments("kinfolk sft", ["--num_processes", "2"], [], ["--num_processes", "2"])
+>>> check_launch_arguments("kinfolk sft", ["--weight_colum", "w"], [], ["--weight_colum", "w"])
+Traceback (most recent call last):
+...
+kinfolk.errors.InputError: unrecognized option --weight_colum: neither a kinfolk sft option nor an accelerate launch one (see kinfolk sft --help)
+"""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
-from kinfolk.errors import CheckpointError, MissingInputError
+from kinfolk.atomic import staging_path
+from kinfolk.commands.parsing import config_file
+from kinfolk.errors import CheckpointError, InputError, MissingInputError
+
+# TRL's launcher option beside accelerate's own (`trl.cli.accelerate_config`): a config file or a named TRL config.
+TRL_LAUNCH_OPTIONS = ("--accelerate_config",)
+
+
+def _launch_options() -> set[str]:
+    from accelerate.commands.launch import launch_command_parser
+
+    return {*launch_command_parser()._option_string_actions, *TRL_LAUNCH_OPTIONS}
+
+
+def check_launch_arguments(prog: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> None:
+    """Refuse the options (`cli_remaining`) and `--config` keys (`config_remaining`, as `--key value` pairs) that
+    the verb's parser left to `accelerate launch` but that accelerate does not know either: a typo, named in one
+    line (with the YAML file for a key)."""
+    known = _launch_options()
+    for token in cli_remaining:
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and name not in known:
+            raise InputError(
+                f"unrecognized option {name}: neither a {prog} option nor an accelerate launch one (see {prog} --help)"
+            )
+    for flag in config_remaining[::2]:
+        if flag not in known:
+            raise InputError(
+                f"{config_file(argv)}: unknown key {flag.lstrip('-')!r}: neither a {prog} option nor an accelerate "
+                f"launch one (see {prog} --help)",
+                path=config_file(argv),
+            )
+
+
+def without_config_defaults(launch_args: list[str]) -> list[str]:
+    """`launch_args` plus the values `accelerate launch` would otherwise default with a warning when no accelerate
+    config file is in use ("`--num_processes` was set to a value of `0`" on a CPU-only machine, where one process
+    runs): the same values, stated. With a config file, or a value given, nothing is added."""
+    import torch
+    from accelerate.commands.config import default_config_file
+
+    given = {token.split("=", 1)[0] for token in launch_args if token.startswith("--")}
+    if "--config_file" in given or Path(default_config_file).is_file():
+        return launch_args
+    defaults = {"--num_machines": "1", "--mixed_precision": "no", "--dynamo_backend": "no"}
+    if not torch.accelerator.is_available():
+        defaults["--num_processes"] = "1"  # what the simple launcher runs without GPUs (see kinfolk.launch_check)
+    return [*launch_args, *(item for flag, value in defaults.items() if flag not in given for item in (flag, value))]
 
 
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
@@ -17,7 +73,7 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
     from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
 
-    launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
+    launch_args = without_config_defaults(resolve_accelerate_config_argument(config_remaining + cli_remaining))
     script_args = _subtract_subsequence(argv, cli_remaining)
     try:
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))
@@ -36,3 +92,26 @@ def check_resume_checkpoint(resume: str) -> None:
     if Path(resume).is_dir():
         raise CheckpointError(f"--resume_from_checkpoint {resume} has no {TRAINER_STATE_NAME}: not a checkpoint")
     raise MissingInputError(f"--resume_from_checkpoint {resume}: no such checkpoint directory", path=resume)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory by first renaming it to a staging name: a removal cut short leaves no half-deleted tree
+    where a user or a rerun would read it (the next run to that destination removes what is left)."""
+    retired = staging_path(path)
+    path.rename(retired)
+    shutil.rmtree(retired)
+
+
+def last_checkpoint(resume: str | None, output_dir: str | Path) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names: a directory as given, or for "true" the last `checkpoint-N`
+    under `output_dir` (as `Trainer.train(resume_from_checkpoint=True)` finds it); refuses "true" with none there."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if resume is None or resume.lower() != "true":
+        return resume
+    found = get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
+    if found is None:
+        raise CheckpointError(
+            f"--resume_from_checkpoint true: {output_dir} holds no checkpoint-N to resume from", path=output_dir
+        )
+    return found

@@ -4,12 +4,17 @@ Operations: init-student, delta, apply-delta, patch (`--all` writes every size k
 DIR/family.json) and interpolate, each configured by its typed config (`kinfolk.plugins.adapt.config`). `--dry-run`
 checks the inputs and prints the plan without writing anything. `kinfolk merge delta-cosine CONFIG.yaml --out
 FILE.json` is the diagnostic beside them: how well two deltas agree (prints the overall cosine as JSON).
+`--dry-run` counts each output's tensors by their inputs; with `--verbose` it lists every tensor's formula.
+`kinfolk merge OP --help` lists OP's CONFIG.yaml keys.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import sys
+import textwrap
 from dataclasses import dataclass, field
 
 from kinfolk.commands.parsing import VerbParser
@@ -29,10 +34,32 @@ class MergeArguments:
     all: bool = field(default=False, metadata={"help": "patch: write every size k = 0..M"})
     dry_run: bool = field(default=False, metadata={"help": "check the inputs, print the plan, write nothing"})
     no_progress: bool = field(default=False, metadata={"help": "no progress bar"})
+    verbose: bool = field(default=False, metadata={"help": "with --dry-run: list every output tensor's formula"})
 
 
-def make_parser() -> VerbParser:
-    parser = VerbParser(MergeArguments, prog="kinfolk merge", description=__doc__.split("\n\n")[0])
+def config_keys(op: str) -> str:
+    """The CONFIG.yaml keys of one operation, with their help (for `kinfolk merge OP --help`)."""
+    config_class = CONFIGS.get(op) or DeltaCosineConfig
+    lines = [f"{op}: {config_class.__doc__.splitlines()[0]}", "CONFIG.yaml keys:"]
+    for item in dataclasses.fields(config_class):
+        required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        default = "required" if required else f"default {item.default!r}"
+        text = f"{item.name}: {item.metadata.get('help', '')} ({default})"
+        lines.append(textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def make_parser(argv: list[str] | None = None) -> VerbParser:
+    """The verb's parser; when `argv` names an operation, its help ends with that operation's config keys."""
+    named = [op for op in (argv or []) if op in OPERATIONS][:1]
+    epilog = config_keys(named[0]) if named else "`kinfolk merge OP --help` lists OP's CONFIG.yaml keys."
+    parser = VerbParser(
+        MergeArguments,
+        prog="kinfolk merge",
+        description=__doc__.split("\n\n")[0],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("op", choices=OPERATIONS, help="merge operation (or the delta-cosine diagnostic)")
     parser.add_argument("config_file", metavar="CONFIG.yaml", help="YAML config of the operation")
     return parser
@@ -49,14 +76,14 @@ def cosine(args: MergeArguments, config: DeltaCosineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, positional = make_parser().parse(argv)
+    args, positional = make_parser(argv).parse(argv)
     if args.out is None and not args.dry_run:
         raise InputError("--out is required (or pass --dry-run)")
     config = load_config(positional.op, positional.config_file)
     if isinstance(config, DeltaCosineConfig):
         return cosine(args, config)
     if args.dry_run:
-        print(build_plan(config, args.all).describe())
+        print(build_plan(config, args.all).describe(args.out, every_tensor=args.verbose))
         return 0
     written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
     print(f"wrote {written}", file=sys.stderr)

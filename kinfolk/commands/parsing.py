@@ -15,11 +15,18 @@ refuse — and refuses options and config keys it does not know instead of ignor
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import NoReturn
 
 import yaml
 from trl import TrlParser
+
+
+def config_file(argv: Sequence[str]) -> str:
+    """The `--config` file named in `argv` (for messages about its keys)."""
+    argv = list(argv)
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else "the --config file"
 
 
 class VerbParser(TrlParser):
@@ -30,24 +37,64 @@ class VerbParser(TrlParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
-    def parse_with_rest(self, argv: Sequence[str] | None) -> tuple[tuple, list[str], list[str]]:
+    _strict = False  # set while `parse_with_rest(strict=True)` runs
+
+    def parse_known_args(self, args=None, namespace=None):
+        if not self._strict or {"-h", "--help"} & set(args or []):  # help shows the required options as such
+            namespace, rest = super().parse_known_args(args, namespace)
+            self._unknown_options = rest  # seen before the dataclasses are built (and their checks run)
+            return namespace, rest
+        # strict: an unknown option is named before the required ones it may have been meant as
+        required = [action for action in self._actions if action.required]
+        for action in required:
+            action.required = False
+        try:
+            namespace, rest = super().parse_known_args(args, namespace)
+        finally:
+            for action in required:
+                action.required = True
+        if rest:
+            self.error(f"unrecognized arguments: {' '.join(rest)}")
+        missing = [argparse._get_action_name(action) for action in required if getattr(namespace, action.dest) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        self._unknown_options = rest
+        return namespace, rest
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        self._unknown_keys = super().set_defaults_with_config(**kwargs)
+        return self._unknown_keys
+
+    def parse_with_rest(self, argv: Sequence[str] | None, strict: bool = False) -> tuple[tuple, list[str], list[str]]:
         """The dataclasses (then a namespace of any plain `add_argument` arguments, e.g. positionals), the config
-        keys and the command-line arguments that no dataclass knows."""
+        keys and the command-line arguments that no dataclass knows. `strict` refuses those unknown ones, before
+        any check of the dataclasses does: a typo is named, not the option it left unset."""
+        argv = list(argv or [])
+        self._unknown_options, self._unknown_keys, self._strict = [], [], strict
         try:
             *parsed, config_rest, cli_rest = self.parse_args_and_config(
-                list(argv or []), return_remaining_strings=True, separate_remaining_strings=True
+                list(argv), return_remaining_strings=True, separate_remaining_strings=True
             )
         except (ValueError, yaml.YAMLError) as error:  # a bad --config file or a value a config's checks refuse
+            if strict:
+                self._refuse_unknown(argv, self._unknown_keys, self._unknown_options)
             self.error(str(error))
+        finally:
+            self._strict = False
+        if strict:
+            self._refuse_unknown(argv, config_rest, cli_rest)
         return tuple(parsed), config_rest, cli_rest
+
+    def _refuse_unknown(self, argv: list[str], config_rest: list[str], cli_rest: list[str]) -> None:
+        if cli_rest:
+            self.error(f"unrecognized arguments: {' '.join(cli_rest)}")
+        if config_rest:
+            keys = ", ".join(repr(flag.lstrip("-")) for flag in config_rest[::2])
+            self.error(f"{config_file(argv)}: unknown key(s) {keys}")
 
     def parse(self, argv: Sequence[str] | None) -> tuple:
         """What `parse_with_rest` parses, refusing unknown options and config keys."""
-        parsed, config_rest, cli_rest = self.parse_with_rest(argv)
-        unknown = cli_rest + config_rest[::2]
-        if unknown:
-            self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        return parsed
+        return self.parse_with_rest(argv, strict=True)[0]
 
     def parse_known(self, argv: Sequence[str]) -> tuple[tuple, list[str]]:
         """The dataclasses, and the arguments this parser does not know (for a program it wraps), in order."""

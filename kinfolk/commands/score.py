@@ -26,10 +26,10 @@ from kinfolk.data import check_output, load_data, naming, save_dataset, writes_f
 from kinfolk.tokens import DatasetFormatError
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
-from kinfolk.trainers.atlantis.pipeline import score_dataset
+from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
 from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
 from kinfolk.trainers.atlantis.scoring import process_state
-from kinfolk.trainers.atlantis.weights import compute_weights, weights_from_scores
+from kinfolk.trainers.atlantis.weights import weights_from_scores
 
 
 @dataclass
@@ -69,7 +69,7 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
         if any(models.values()):
             scored = score_dataset(dataset, **models, config=config, state=state)
         elif any(logprob_column(role) in dataset.column_names for role in ROLES):
-            scored = compute_weights(dataset, config.weight_config())
+            scored = reweight_dataset(dataset, config)
         else:
             raise DatasetFormatError(
                 f"no model given and {args.data} holds no scores ({', '.join(logprob_column(r) for r in ROLES)}); "

@@ -31,16 +31,22 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
-from kinfolk.commands.launching import check_resume_checkpoint, launch
+from kinfolk.commands.launching import (
+    check_launch_arguments,
+    check_resume_checkpoint,
+    last_checkpoint,
+    launch,
+    remove_tree,
+)
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits, naming, select_split
-from kinfolk.errors import InputError
+from kinfolk.errors import InputError, OutputExistsError
 from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
@@ -63,9 +69,35 @@ class SFTExtension:
     prepare: Callable[[Any, Any], None] | None = None
 
 
+@dataclass
+class OutputArguments:
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Remove an existing non-empty --output_dir before training (without it, kinfolk sft refuses one "
+            "unless --resume_from_checkpoint continues it)."
+        },
+    )
+
+
+def check_output_dir(options: OutputArguments, training_args) -> None:
+    """Refuse a non-empty `--output_dir` unless resuming or `--overwrite`: a new run would write its checkpoints
+    beside the old run's, and a later resume would pick up whichever is the last."""
+    output_dir = Path(training_args.output_dir)
+    resuming = training_args.resume_from_checkpoint is not None
+    if options.overwrite or resuming or not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    raise OutputExistsError(
+        f"--output_dir {output_dir} already holds a run; pass --overwrite to replace it or "
+        "--resume_from_checkpoint to continue it",
+        path=output_dir,
+    )
+
+
 # Option groups parsed alongside TRL's.
 EXTENSIONS: list[SFTExtension] = [
     SFTExtension(arguments=AtlasArguments, peft_config=sft_peft_config, check=sft_check, prepare=sft_prepare),
+    SFTExtension(arguments=OutputArguments, check=check_output_dir),
 ]
 
 
@@ -108,7 +140,7 @@ def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
 def check_inputs(script_args, training_args, model_args) -> None:
     """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
     an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
-    `--resume_from_checkpoint` directory that is not there."""
+    `--resume_from_checkpoint` directory that is not there (for "true": no checkpoint in `--output_dir`)."""
     from kinfolk.atomic import check_writable
     from kinfolk.inputs import check_model
 
@@ -116,8 +148,9 @@ def check_inputs(script_args, training_args, model_args) -> None:
         raise InputError("--model_name_or_path is required")
     check_model(model_args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
     check_writable(Path(training_args.output_dir) / "checkpoint")
-    if isinstance(training_args.resume_from_checkpoint, str):
-        check_resume_checkpoint(training_args.resume_from_checkpoint)
+    resume = last_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is not None:
+        check_resume_checkpoint(resume)
 
 
 def train(script_args, training_args, model_args, dataset_args, *extension_options):
@@ -152,7 +185,9 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
     for extension, options in zip(EXTENSIONS, extension_options):
         if extension.prepare is not None:
             extension.prepare(options, trainer)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(
+        resume_from_checkpoint=last_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    )
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
@@ -164,7 +199,14 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 def main(argv: list[str] | None = None) -> int:
     """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
+    parsed, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
+    training_args = parsed[1]
+    output_options = next((group for group in parsed if isinstance(group, OutputArguments)), OutputArguments())
+    check_output_dir(output_options, training_args)
+    output_dir = Path(training_args.output_dir)
+    if output_options.overwrite and training_args.resume_from_checkpoint is None and output_dir.is_dir():
+        remove_tree(output_dir)
     return launch(__name__, argv, config_remaining, cli_remaining)
 
 

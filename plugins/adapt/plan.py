@@ -10,7 +10,8 @@ All ADAPT operations are linear in the weights, so one recipe type covers them:
                                           student.layers.i.*  for an unpatched student layer i, in order
 
 and patching takes the embeddings from the model that supplies the first layer and the final norm and LM head from
-the one that supplies the last (untying a tied head when those are different models). Building a plan opens the
+the one that supplies the last (untying a tied head when those are different models whose tied matrices differ,
+and saying so once; a student that kept the teacher's embeddings stays tied). Building a plan opens the
 inputs' headers only and checks names, shapes, dtypes and layer maps, so a bad config fails before any tensor is
 read; `describe()` prints what would be written (`kinfolk merge ... --dry-run`).
 
@@ -22,11 +23,17 @@ PlannedTensor(lm_head.weight = init[lm_head.weight] + 0.5·delta[lm_head.weight]
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import re
+import textwrap
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PretrainedConfig
 
 from kinfolk.errors import LayerMapMismatchError, TeacherMismatchError
@@ -49,6 +56,8 @@ from kinfolk.plugins.adapt.config import (
     PatchConfig,
 )
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap, LayerMapError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -118,16 +127,30 @@ class MergePlan:
     def op(self) -> str:
         return self.config.op
 
-    def describe(self) -> str:
+    def describe(self, out: str | Path | None = None, every_tensor: bool = False) -> str:
+        """The plan as text: inputs, then each output model (under `out`) with its tensors counted by the inputs
+        they come from, or with `every_tensor` each tensor's formula."""
         lines = [f"kinfolk merge {self.op}"]
         lines += [f"  input {role}: {checkpoint.path}" for role, checkpoint in self.inputs.items()]
         for model in self.models:
-            where = model.subdir or "."
-            lines.append(
-                f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB {model.summary}"
-            )
-            lines += [f"    {tensor.formula()}" for tensor in model.tensors]
+            where = Path(out or ".") / model.subdir if model.subdir else Path(out or ".")
+            lines.append(f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB")
+            details = "; ".join(f"{key} {_brief(value)}" for key, value in model.summary.items())
+            lines += textwrap.wrap(details, width=100, initial_indent="    ", subsequent_indent="      ")
+            if every_tensor:
+                lines += [f"    {tensor.formula()}" for tensor in model.tensors]
+                continue
+            sources = Counter(" + ".join(str(term.source) if term.weight == 1 else f"{term.weight:g}·{term.source}"
+                                         for term in tensor.terms) for tensor in model.tensors)  # fmt: skip
+            lines += [f"    {count} tensors from {source}" for source, count in sources.most_common()]
         return "\n".join(lines)
+
+
+def _brief(value: Any) -> str:
+    """A summary value on one short line: a check's result rather than its whole record."""
+    if isinstance(value, dict):
+        return str(value.get("result", value))
+    return str(value)
 
 
 def natural_key(name: str) -> list[Any]:
@@ -357,6 +380,7 @@ def _patched_model(
     layer_map: LayerMap,
     patched: tuple[int, ...],
     teacher_check: dict[str, Any],
+    same_ends: Callable[[str, str], bool],
 ) -> ModelPlan:
     layout = teacher.layout
     sources = {"teacher": teacher, "student": student}
@@ -397,7 +421,9 @@ def _patched_model(
                 f"patch: tensor {name!r} is neither a decoder layer nor the embeddings, final norm or LM head, so "
                 "it is unclear which end of the patched model it belongs to"
             )
-    untie = layout.tied_embeddings and front != back
+    # Ends from different models can stay tied where the two models' tied matrices are equal (a student that kept
+    # the teacher's embeddings); else the head gets its own tensor.
+    untie = layout.tied_embeddings and front != back and not same_ends(front, back)
     if untie and head not in teacher.manifest:
         # The two ends come from different models: the head can no longer share the input embeddings.
         add(head, back, sources[back].head_tensor(), sources[back].head_tensor())
@@ -414,6 +440,7 @@ def _patched_model(
         "embeddings_from": front,
         "head_from": back,
         "tied_embeddings": layout.tied_embeddings and not untie,
+        "untied_head": untie,
         "teacher_check": teacher_check,
     }
     return ModelPlan(
@@ -430,15 +457,34 @@ def _patched_model(
 
 def plan_patch(config: PatchConfig, all_sizes: bool = False) -> MergePlan:
     teacher, student, layer_map, teacher_check = _patch_inputs(config)
+    sources = {"teacher": teacher, "student": student}
+
+    @functools.cache
+    def same_ends(front: str, back: str) -> bool:
+        """Whether `front`'s input embeddings equal `back`'s LM head, so that a model taking its embeddings from
+        one and its head from the other can keep them tied."""
+        embeddings = f"{teacher.layout.embeddings}.weight"
+        return torch.equal(
+            sources[front].reader.get(embeddings), sources[back].reader.get(sources[back].head_tensor())
+        )
+
     models = []
     sets = patched_sets(config, layer_map.num_student_layers, all_sizes)
     width = len(str(layer_map.num_student_layers))
     for patched in sets:
-        model = _patched_model(config, teacher, student, layer_map, patched, teacher_check)
+        model = _patched_model(config, teacher, student, layer_map, patched, teacher_check, same_ends)
         if all_sizes:
             model.subdir = f"k{len(patched):0{width}d}"
         models.append(model)
-    return MergePlan(config, {"teacher": teacher, "student": student}, models)
+    untied = [model for model in models if model.summary["untied_head"]]
+    if untied:
+        front, back = untied[0].summary["embeddings_from"], untied[0].summary["head_from"]
+        logger.warning(
+            f"patch: {len(untied)} of {len(models)} output models get their own LM head ({untied[0].nbytes / 1e6:.0f} "
+            f"MB with it): their embeddings come from the {front} and their head from the {back}, whose tied "
+            "embedding matrices differ"
+        )
+    return MergePlan(config, sources, models)
 
 
 def build_plan(config: MergeConfig, all_sizes: bool = False) -> MergePlan:

@@ -18,6 +18,7 @@ from peft.config import PeftConfig
 
 from kinfolk.errors import AdapterConfigError
 from kinfolk.peft_types import extend_peft_type
+from kinfolk.plugins.atlas.base_check import MISMATCH_POLICIES
 from kinfolk.plugins.atlas.saved import check_saved_adapter
 
 # Residual variants in the order of the paper's Table 14, then the full method, then the step-size control (the
@@ -107,6 +108,20 @@ class AtlasConfig(PeftConfig):
     modules_to_save: list[str] | None = field(
         default=None, metadata={"help": "Modules besides the adapter layers to train and save."}
     )
+    base_fingerprints: dict[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": "Filled in, not set: per adapted module, a hash of the base weight the adapter was made on "
+            "(`kinfolk.plugins.atlas.base_check`); loading onto other weights warns or refuses (base_mismatch)."
+        },
+    )
+    base_mismatch: Literal["warn", "error"] = field(
+        default="warn",
+        metadata={
+            "help": "Loading onto a base whose adapted weights differ from the recorded ones: 'warn' (one line) or "
+            "'error' (AdapterBaseMismatchError). KINFOLK_ATLAS_BASE_MISMATCH overrides it."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -128,6 +143,10 @@ class AtlasConfig(PeftConfig):
         for name in ("r", "num_regions", "num_directions"):
             if int(getattr(self, name)) < 1:
                 raise AdapterConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.base_mismatch not in MISMATCH_POLICIES:
+            raise AdapterConfigError(
+                f"base_mismatch={self.base_mismatch!r}; choose one of {', '.join(MISMATCH_POLICIES)}"
+            )
         if not self.routing_temperature > 0:
             raise AdapterConfigError(f"routing_temperature must be > 0, got {self.routing_temperature!r}")
 

@@ -1,8 +1,9 @@
 """`AtlasModel`: the PEFT tuner that puts `AtlasLinear` layers into a model.
 
 Beyond `BaseTuner` it resolves the default placement (the attention output projection of one layer at 47% depth,
-through `kinfolk.layout`), keeps the atlas at its own dtype when PEFT up-casts adapters, and turns a checkpoint
-made for a base of another width into an error that says so.
+through `kinfolk.layout`), keeps the atlas at its own dtype when PEFT up-casts adapters, records each adapted
+module's base weight and checks it when an adapter is loaded (`base_check`: the same width, other weights), and
+turns a checkpoint made for a base of another width into an error that says so.
 
 >>> import torch
 >>> from peft import get_peft_model
@@ -22,6 +23,7 @@ from torch import nn
 
 from kinfolk.errors import AdapterBaseMismatchError, AdapterConfigError, AdapterConfigMismatchError
 from kinfolk.layout import UnsupportedArchitectureError, layout_from_config
+from kinfolk.plugins.atlas.base_check import check_and_record
 from kinfolk.plugins.atlas.config import DEFAULT_RELATIVE_DEPTH, AtlasConfig
 from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS, AtlasLayer, AtlasLinear
 from kinfolk.plugins.atlas.saved import config_mismatch
@@ -51,6 +53,7 @@ class AtlasModel(BaseTuner):
                 f"ATLAS adapts torch.nn.Linear modules only; {current_key} is a {type(base).__name__}. Narrow "
                 f"target_modules."
             )
+        check_and_record(atlas_config, current_key, base.weight, getattr(self.model, "name_or_path", None))
         try:
             if isinstance(target, AtlasLinear):
                 target.update_layer(adapter_name, atlas_config)

@@ -26,8 +26,8 @@ import numpy as np
 from accelerate import PartialState
 from datasets import Dataset
 
-from kinfolk.errors import EmptyDatasetError
-from kinfolk.tokens import response_bytes, response_text
+from kinfolk.errors import EmptyDatasetError, option
+from kinfolk.tokens import DatasetFormatError, response_bytes, response_text
 from kinfolk.trainers.atlantis.config import (
     RESPONSE_BYTES_COLUMN,
     ROLES,
@@ -126,4 +126,33 @@ def score_dataset(
             logger.warning("%s model %s: skipped %d overlong rows", role, model, scores.n_skipped)
         scored = _with_scores(scored, scores)
     scored = scored.add_column(RESPONSE_BYTES_COLUMN, byte_counts.tolist())
+    return compute_weights(scored, config.weight_config())
+
+
+def reweight_dataset(scored: Dataset, config: ScoreConfig | None = None, **options) -> Dataset:
+    """New weights for a dataset `score_dataset` wrote, without a forward pass. With `select_fraction`, the rows
+    with the highest IFD are kept first, read from its `ifd` column (there only if it was scored with
+    `select_fraction`; IFD needs a response-only pass of the `ifd_model`, so a file without it must be scored
+    again with that model given).
+
+    >>> from datasets import Dataset
+    >>> scored = Dataset.from_dict({"prompt": ["a", "b", "c", "d"], "completion": [" w", " x", " y", " z"],
+    ...     "large_base_logprob": [-1.0, -2.0, -3.0, -4.0], "small_base_logprob": [-2.0, -2.0, -2.0, -2.0],
+    ...     "response_bytes": [2, 2, 2, 2], "ifd": [0.9, 0.2, 0.7, 0.4]})
+    >>> reweight_dataset(scored, select_fraction=0.5)["prompt"][:]
+    ['a', 'c']
+    """
+    config = resolve_config(ScoreConfig, config, options)
+    if config.select_fraction is not None:
+        if IFD_COLUMN not in scored.column_names:
+            raise DatasetFormatError(
+                f"{option('select_fraction', config.select_fraction)} needs each row's IFD, and there is no "
+                f"{IFD_COLUMN!r} column to select by; score the data with the {config.ifd_model} model given "
+                f"({option(config.ifd_model, 'MODEL')}) to compute it"
+            )
+        keep = select_top_fraction(np.asarray(scored[IFD_COLUMN], dtype=np.float64), config.select_fraction)
+        if not len(keep):
+            raise ScoringError(f"IFD selection kept no row: every row of {len(scored)} has IFD >= 1 or none")
+        logger.info("IFD selection kept %d of %d rows (by their %r column)", len(keep), len(scored), IFD_COLUMN)
+        scored = scored.select(keep)
     return compute_weights(scored, config.weight_config())

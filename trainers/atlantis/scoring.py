@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kinfolk.atomic import fingerprint
-from kinfolk.errors import EmptyDatasetError, ScoringError
+from kinfolk.errors import EmptyDatasetError, ScoringError, option, option_name
 from kinfolk.logprobs import label_log_probs, pad_right
 from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
 from kinfolk.trainers.atlantis.batching import (
@@ -93,12 +93,28 @@ def text_columns(dataset: Dataset, text_field: str = "text") -> list[str]:
     return [name for name in (*TEXT_COLUMNS, text_field) if name in dataset.column_names]
 
 
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """A warning once per process (every model of a run is scored with the same options)."""
+    if message not in _said:
+        _said.add(message)
+        logger.warning(message)
+
+
 def scoring_sft_args(dataset: Dataset, config: ScoreConfig):
     """SFT options that make the trainer's loss cover the response only (unless the config says otherwise)."""
     kind = dataset_type(dataset.column_names, config.dataset_text_field)
     assistant_only = config.assistant_only_loss
     if assistant_only is None:
         assistant_only = kind == "conversational"
+        if assistant_only:
+            _say_once(
+                "messages data: scoring the assistant turns only (the responses ATLANTIS weighs), while SFTTrainer "
+                f"trains every token unless told {option('assistant_only_loss')}; train with that option to train "
+                f"on what was scored, or score with {option('assistant_only_loss', False)} to score every token"
+            )
     return sft_arguments(
         completion_only_loss=config.completion_only_loss,
         assistant_only_loss=assistant_only,
@@ -205,8 +221,8 @@ def tokenize_rows(text: Dataset, model_path: str, role: str, config: ScoreConfig
         hint = ""
         if sft_args.assistant_only_loss and config.assistant_only_loss is None:
             hint = (
-                "; scoring defaults to assistant_only_loss=True for conversations: pass assistant_only_loss=False "
-                "to score every token, as SFTTrainer does by default"
+                f"; scoring defaults to {option('assistant_only_loss')} for conversations: pass "
+                f"{option('assistant_only_loss', False)} to score every token, as SFTTrainer does by default"
             )
         raise DatasetFormatError(f"{role} model {model_path}: {error}{hint}") from error
     input_ids, labels = tokens["input_ids"], tokens["labels"]
@@ -223,7 +239,8 @@ def tokenize_rows(text: Dataset, model_path: str, role: str, config: ScoreConfig
     if overlong.size and config.overlong == "error":
         raise ScoringError(
             f"rows {_rows_text(overlong)} are longer than {role} model {model_path}'s context of {limit} tokens "
-            f"(longest {int(lengths[overlong].max())}); pass overlong='skip' to leave them unscored, or max_length"
+            f"(longest {int(lengths[overlong].max())}); pass {option('overlong', 'skip')} to leave them unscored, or "
+            f"a larger {option_name('max_length')}"
         )
     skipped = np.zeros(len(text), dtype=bool)
     skipped[overlong] = True

@@ -8,7 +8,12 @@ evaluating checkpoints with `kinfolk eval`). The comparison follows the ATLAS pr
 1. for each target requirement k, a run's value is its lowest retained KL among checkpoints scoring ≥ k;
 2. a run's mean KL averages those values over the requirements;
 3. per seed, ratio = mean KL(method) / mean KL(comparator); ratios are summarised over seeds by their
-   geometric mean with a bootstrap interval over seeds (reduction = 1 − ratio).
+   geometric mean (reduction = 1 − ratio), with a bootstrap interval over seeds only from
+   `kinfolk.stats.MIN_INTERVAL_UNITS` (5) seeds on: with fewer, the report gives the per-seed values themselves,
+   as the lab protocol asks, never a "95 %" interval.
+
+A run whose target score never moved (the same at every checkpoint) is flagged: its "matched" KL is that of
+whatever checkpoint came first, not of reaching a target.
 
 Requirements default to the range every run reaches: from the highest of the runs' lowest scores to the lowest
 of their highest scores (every integer when scores are counts, else every observed score in that range).
@@ -34,7 +39,7 @@ import numpy as np
 from kinfolk.atomic import atomic_directory
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.errors import InputError
-from kinfolk.stats import geometric_mean, geometric_mean_interval
+from kinfolk.stats import MIN_INTERVAL_UNITS, geometric_mean, geometric_mean_interval
 
 
 @dataclass
@@ -159,7 +164,13 @@ def target_matched(
             comparisons[name] = {"seeds": [], "note": f"no seed shared with {method}"}
             continue
         ratios = [mean_kl[(method, s)] / mean_kl[(name, s)] for s in seeds]
-        interval = geometric_mean_interval(ratios, n_resamples=n_resamples, confidence=confidence, seed=seed)
+        if len(seeds) >= MIN_INTERVAL_UNITS:
+            interval = geometric_mean_interval(ratios, n_resamples=n_resamples, confidence=confidence, seed=seed)
+            ratio = interval.as_dict()
+            reduction = {"estimate": 1 - interval.estimate, "low": 1 - interval.high, "high": 1 - interval.low}
+        else:  # too few seeds for an interval: the values are the report
+            ratio = {"estimate": geometric_mean(ratios)}
+            reduction = {"estimate": 1 - ratio["estimate"]}
         per_requirement = [
             geometric_mean([best[(method, s)][i] / best[(name, s)][i] for s in seeds])
             for i in range(len(requirements))
@@ -167,12 +178,19 @@ def target_matched(
         comparisons[name] = {
             "seeds": seeds,
             "ratio_by_seed": dict(zip(seeds, ratios)),
-            "ratio": interval.as_dict(),
-            "reduction": {"estimate": 1 - interval.estimate, "low": 1 - interval.high, "high": 1 - interval.low},
+            "ratio": ratio,
+            "reduction": reduction,
             "ratio_by_requirement": per_requirement,
         }
+    flags = [
+        f"run {run.method}/{run.seed}: its target never moved ({run.checkpoints[0][1]:g} at every checkpoint), so "
+        "its KL is not matched to reaching a score"
+        for run in runs
+        if len({target for _, target, _ in run.checkpoints}) == 1
+    ]
     return {
         "method": method,
+        "flags": flags,
         "requirements": requirements,
         "unreached_requirements": unreached,
         "runs": [
@@ -200,9 +218,10 @@ def markdown(report: dict[str, Any], target: str, kl: str) -> str:
         f"Target `{target}`, {len(requirements)} requirements from {low:g} to {high:g}. A run's value at k is its "
         "lowest KL among checkpoints scoring ≥ k; mean KL averages the requirements within a seed and is "
         f"summarised over seeds geometrically. Ratios are {method}/comparator per seed, geometric mean over "
-        "seeds with a bootstrap interval over seeds; below 1 favours " + f"{method}.",
+        f"seeds, with a bootstrap 95% interval over seeds from {MIN_INTERVAL_UNITS} seeds on (with fewer, the "
+        f"per-seed ratios); below 1 favours {method}.",
         "",
-        f"| method | seeds | mean KL | {method}/method [95% CI] | reduction |",
+        f"| method | seeds | mean KL | {method}/method | reduction |",
         "|---|---|---|---|---|",
     ]
     for name, summary in report["methods"].items():
@@ -213,7 +232,12 @@ def markdown(report: dict[str, Any], target: str, kl: str) -> str:
             ratio_cell, reduction_cell = comparison["note"], "—"
         else:
             ratio = comparison["ratio"]
-            ratio_cell = f"{ratio['estimate']:.4f} [{ratio['low']:.4f}, {ratio['high']:.4f}]"
+            if "low" in ratio:
+                ratio_cell = f"{ratio['estimate']:.4f} [95% CI {ratio['low']:.4f}, {ratio['high']:.4f}]"
+            else:
+                values = ", ".join(f"{value:.4f}" for value in comparison["ratio_by_seed"].values())
+                seeds = len(comparison["ratio_by_seed"])
+                ratio_cell = f"{ratio['estimate']:.4f} ({seeds} seed{'s' * (seeds > 1)}: {values}; no interval)"
             reduction_cell = f"{100 * comparison['reduction']['estimate']:.2f}%"
         lines.append(
             f"| {name} | {len(summary['seeds'])} | {summary['mean_kl']:.4g} | {ratio_cell} | {reduction_cell} |"
@@ -224,6 +248,8 @@ def markdown(report: dict[str, Any], target: str, kl: str) -> str:
     for i, k in enumerate(requirements):
         cells = " | ".join(f"{report['methods'][name]['best_kl_by_requirement'][i]:.4g}" for name in names)
         lines.append(f"| {k:g} | {cells} |")
+    if report.get("flags"):
+        lines += ["", "## Flags", "", *(f"- {flag}" for flag in report["flags"])]
     if report["unreached_requirements"]:
         skipped = ", ".join(f"{k:g}" for k in report["unreached_requirements"])
         lines += ["", f"Requirements dropped because some run never reaches them: {skipped}."]
