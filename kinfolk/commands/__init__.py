@@ -7,8 +7,10 @@ One exit-code rule holds for all of them:
 | exit | meaning | what is printed |
 | --- | --- | --- |
 | 0 | done | the verb's output |
-| 1 | runtime failure (a bug, a full disk, an out-of-memory) | Python's traceback |
-| 2 | usage or bad input (`kinfolk.errors.InputError`, a missing file) | one line naming the culprit |
+| 1 | runtime failure (a bug, an out-of-memory) | Python's traceback |
+| 1 | the disk filled during a write (`kinfolk.diskspace.DiskFullError`) | one line naming the destination |
+| 2 | usage or bad input (`kinfolk.errors.InputError`, a missing file, too little free space) | one line naming the culprit |
+| 130, 143 | interrupted by SIGINT (Ctrl-C) or SIGTERM (`kinfolk.interrupt`) | one line: what is kept, how to resume |
 
 `kinfolk --debug <verb> ...` (or `KINFOLK_DEBUG=1`) shows the traceback of a bad-input error too. A verb's module is
 imported only when that verb runs, which keeps `kinfolk --help` fast.
@@ -26,7 +28,9 @@ import sys
 from collections.abc import Callable
 
 from kinfolk import __version__
+from kinfolk.diskspace import DiskFullError
 from kinfolk.errors import InputError
+from kinfolk.interrupt import NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
 
 # verb -> (module with `main(argv) -> int`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -67,19 +71,33 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def run(prog: str, call: Callable[[], int | None], debug: bool = False) -> int:
-    """Run a verb under the exit-code rule: its return code (0 for None); bad input → one line on stderr and 2.
+def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: list[str] | None = None) -> int:
+    """Run a verb under the exit-code rule: its return code (0 for None); bad input → one line on stderr and 2;
+    a full disk → one line and 1; SIGINT / SIGTERM → one line (what is kept, the command `argv` that resumes) and
+    130 / 143.
 
     Other exceptions propagate: the process ends with Python's traceback and exit code 1.
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    keep(NOTHING_PARTIAL)
     try:
-        return int(call() or 0)
+        with catch_signals():
+            return int(call() or 0)
+    except KeyboardInterrupt as error:
+        if debug:
+            raise
+        print(interrupted_line(prog, error, argv if argv is not None else sys.argv[1:]), file=sys.stderr, flush=True)
+        return exit_code(error)
     except (InputError, FileNotFoundError) as error:
         if debug:
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except DiskFullError as error:
+        if debug:
+            raise
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     verb, module_name = argv[0], VERBS[argv[0]][0]
-    return run(f"kinfolk {verb}", lambda: importlib.import_module(module_name).main(argv[1:]), debug)
+    return run(f"kinfolk {verb}", lambda: importlib.import_module(module_name).main(argv[1:]), debug, argv)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import InputError
+from kinfolk.interrupt import keep
 from kinfolk.plugins.adapt.api import merge
 from kinfolk.plugins.adapt.config import CONFIGS, DeltaCosineConfig, load_config
 from kinfolk.plugins.adapt.cosine import write_delta_cosine
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(build_plan(config, args.all).describe())
         return 0
+    keep(f"nothing at {args.out} (merges write whole or not at all; a rerun starts the merge again)")
     written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
     print(f"wrote {written}", file=sys.stderr)
     return 0

@@ -23,7 +23,10 @@ from datasets import Dataset
 from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import check_output, load_data, naming, save_dataset, writes_folder
+from kinfolk.diskspace import check_free_space, path_bytes
+from kinfolk.interrupt import keep
 from kinfolk.tokens import DatasetFormatError
+from kinfolk.trainers.atlantis.cache import default_cache_dir
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
 from kinfolk.trainers.atlantis.pipeline import score_dataset
@@ -57,12 +60,24 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
     save_dataset(scored, out, overwrite=overwrite)  # last: the data file appears only when all else is written
 
 
+def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> None:
+    """Refuse before any work when `--out` (about twice the input's bytes: its columns plus the scores, and the
+    report) or the score cache (at most the input's bytes: three numbers per row and model) cannot fit."""
+    data_bytes = path_bytes(args.data)
+    check_free_space(args.out, 2 * data_bytes, "the scored rows (about twice the input's size)")
+    if scoring and config.use_cache:
+        cache = config.cache_dir or default_cache_dir()
+        check_free_space(cache, data_bytes, "the score cache")
+        keep(f"the score cache in {cache}, every chunk scored so far (a rerun scores only the rest)")
+
+
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     state = process_state()
     check_output(args.out, args.overwrite)
     models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
     if any(models.values()):  # models, the formula's needs, the cache and --out: before the data is even read
         check_scoring_inputs(models, config, out=args.out, overwrite=args.overwrite)
+    check_space(args, config, scoring=any(models.values()))
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
     with naming(args.data):

@@ -46,6 +46,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from kinfolk import console
 from kinfolk.atomic import atomic_directory, fingerprint, write_json
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import skill_scores
@@ -386,7 +387,7 @@ def _refuse_if_failed(family: Family, allow_failed: bool) -> Family:
 
 def _say(message: str, progress: bool) -> None:
     if progress:
-        print(f"[kinfolk lab] {message}", file=sys.stderr, flush=True)
+        console.stage(message, "kinfolk lab")
 
 
 def build_family(
@@ -465,6 +466,11 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
             None,
         ),
     ]
+    trained = [
+        entry[0] for entry in plan if (_lineage(root / entry[0]) or {}).get("key") == config.model_key(entry[0])
+    ]
+    if trained and not force:
+        _say(f"resuming: {len(trained)} of {len(plan)} models trained earlier in {root}", progress)
     for name, init, data, steps, learning_rate, until in plan:
         start = time.perf_counter()
         family.steps[name] = _trained_or_reused(
