@@ -306,8 +306,6 @@ def _score_chunks(
             pending.append(chunk)
         else:
             results.append((stored["rows"], stored["logprob"]))
-    if not pending:
-        return results
     if len(pending) < len(mine) and state.is_main_process:
         cached_rows = sum(len(plan[chunk]) for chunk in mine if chunk not in pending)
         console.stage(
@@ -315,6 +313,8 @@ def _score_chunks(
             f"{rows.role} model {rows.model_path} (from the score cache)",
             "kinfolk score",
         )
+    if not pending:
+        return results
     model = load_model(rows.model_path, config, state.device)
     _, autocast_dtype = resolve_precision(config.dtype, state.device)
     tokenizer = rows.tokenizer
