@@ -7,6 +7,8 @@ the logging handlers that wrote there (transformers', lm-eval's, datasets'), Pyt
 `{'loss': ...}` dictionaries. Library progress bars are switched off (`TQDM_DISABLE`, datasets' and the Hub's
 progress bars) for the block. Only this module writes to the terminal:
 
+The libraries' root loggers (`LIBRARY_LOGGERS`) lose their handlers and propagate to the log for the block.
+
 - `stage(message)`: one line `[prog 12.3s] message`, wrapped to 100 columns (also in the log);
 - `bar(...)`: a tqdm bar on the terminal, at most 100 columns, gone when it closes (one bar at a time);
 - `show(text)`: the result (the headline, where the output is) on standard output;
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 WIDTH = 100
+LIBRARY_LOGGERS = ("transformers", "datasets", "lm_eval", "lm-eval", "accelerate", "huggingface_hub", "trl", "peft")
 LOG_FILE = "run.log"
 _QUIET_ENVIRONMENT = {
     "TQDM_DISABLE": "1",
@@ -170,6 +173,17 @@ def _redirect_handlers(old: tuple[Any, ...], new: Any) -> list[tuple[logging.Str
     return changed
 
 
+def _route_library_loggers() -> list[tuple[logging.Logger, list[logging.Handler], bool]]:
+    """The libraries' root loggers lose their own handlers and propagate to the root logger (the log) instead,
+    as `transformers.utils.logging.disable_default_handler` + `enable_propagation` do; returns what to restore."""
+    saved = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, list(logger.handlers), logger.propagate))
+        logger.handlers, logger.propagate = [], True
+    return saved
+
+
 def _library_progress_bars(enabled: bool) -> None:
     """datasets' and the Hub's own switches (they read the environment only at import)."""
     with contextlib.suppress(ImportError):
@@ -215,6 +229,7 @@ def quiet(
         originals = (*saved_streams, sys.__stdout__, sys.__stderr__)
         sys.stdout = sys.stderr = log
         handlers = _redirect_handlers(originals, log)
+        library_loggers = _route_library_loggers()
         saved_environment = {name: os.environ.get(name) for name in _QUIET_ENVIRONMENT}
         os.environ.update(_QUIET_ENVIRONMENT)
         _library_progress_bars(False)
@@ -250,6 +265,9 @@ def quiet(
                     os.environ[name] = value
             if saved_environment["HF_DATASETS_DISABLE_PROGRESS_BARS"] is None:
                 _library_progress_bars(True)
+            for logger, own_handlers, propagate in library_loggers:
+                logger.handlers = own_handlers + [h for h in logger.handlers if h not in own_handlers]
+                logger.propagate = propagate
             for handler, stream in handlers:
                 handler.setStream(stream)
             _redirect_handlers((log,), saved_streams[1])  # handlers libraries created inside the block
