@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LAUNCHED_ENV = "KINFOLK_LAUNCHED"  # set in the processes `accelerate launch` starts for a verb
 NOTHING_PARTIAL = "nothing partial (every output is whole or absent; a rerun starts this step again)"
 
 

@@ -13,6 +13,7 @@ import errno
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from refusal_helpers import assert_command_refused
@@ -181,3 +182,31 @@ def test_score_refuses_before_reading_its_data_when_the_output_does_not_fit(tiny
         f"needs {format_bytes(needed)}",
         destination=out,
     )
+
+
+def test_distil_refuses_before_launching_when_student_checkpoints_and_delta_do_not_fit(teacher, tmp_path, monkeypatch):
+    from kinfolk.commands import distil
+
+    data = tmp_path / "sft.jsonl"
+    prompt_completion_dataset(8).to_json(str(data))
+    out = tmp_path / "distilled"
+    argv = ["--teacher", teacher, "--sft_data", data, "--out", out, "--use_cpu", "--max_steps", "10"]
+    argv += ["--save_steps", "5", "--save_total_limit", "1"]
+    student = tensor_bytes(Path(main_init(teacher, tmp_path)))
+    needed = student * (3 + 3 * 2)  # init, distilled, delta; two checkpoints at once (the limit, one publishing)
+    fake_free(monkeypatch, needed - 1)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("accelerate launch started before the free-space check")
+
+    monkeypatch.setattr(distil, "launch", refuse)
+    assert_command_refused(["distil", *argv], str(out), f"needs {format_bytes(needed)}", destination=out)
+
+
+def main_init(teacher, tmp_path) -> str:
+    """The student `kinfolk distil`'s default layers give, written by the merge command (for its size)."""
+    config = tmp_path / "init.yaml"
+    config.write_text(json.dumps({"teacher": str(teacher), "layers": {"every": 2, "last": 1}}))
+    out = tmp_path / "init-student"
+    assert main(["merge", "init-student", str(config), "--out", str(out), "--no-progress"]) == 0
+    return str(out)

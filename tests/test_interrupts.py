@@ -149,3 +149,38 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
     assert ran == [0, 1, 1, 2]  # family 0 was not run again
     log = (out / "run.log").read_text()
     assert "resuming: 1 of 3 families done earlier" in log and "resuming: 1 of 3 families" in text
+
+
+@pytest.mark.slow
+def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_checkpoint(tiny_kit, tmp_path):
+    import time
+
+    import psutil
+
+    from kinfolk.testing import prompt_completion_dataset
+
+    data = tmp_path / "sft.jsonl"
+    prompt_completion_dataset(16).to_json(str(data))
+    out = tmp_path / "out"
+    argv = ["distil", "--teacher", str(tiny_kit.model_dir("llama", "large")), "--sft_data", str(data)]
+    argv += ["--out", str(out), "--use_cpu", "--bf16", "false", "--report_to", "none", "--seed", "0"]
+    argv += ["--per_device_train_batch_size", "2", "--max_steps", "60", "--save_steps", "2", "--save_total_limit", "1"]
+    command = [sys.executable, "-m", "kinfolk", *argv]
+    process = subprocess.Popen(command, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list((out / "training").glob("checkpoint-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=180)
+    line = stopped_line(subprocess.CompletedProcess(command, process.returncode, stdout, stderr), "distil", "SIGTERM")
+    assert line.endswith("--resume_from_checkpoint true") and f"checkpoints under {out / 'training'}" in line
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert not (out / "distilled").exists()
+    (last,) = (out / "training").glob("checkpoint-*")  # save_total_limit 1: only the last one
+    step = int(last.name.split("-")[1])
+    assert 0 < step < 60
+
+    resumed = run_resume_command(line)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming: {step} of 60 steps done" in resumed.stderr
+    assert (out / "delta").is_dir() and (out / "distilled").is_dir()

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from kinfolk import __version__
 from kinfolk.diskspace import DiskFullError
 from kinfolk.errors import InputError
-from kinfolk.interrupt import NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
+from kinfolk.interrupt import LAUNCHED_ENV, NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
 
 # verb -> (module with `main(argv) -> int`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -86,7 +86,8 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: li
     except KeyboardInterrupt as error:
         if debug:
             raise
-        print(interrupted_line(prog, error, argv if argv is not None else sys.argv[1:]), file=sys.stderr, flush=True)
+        if not os.environ.get(LAUNCHED_ENV):  # a launched process: its launcher prints the line
+            print(interrupted_line(prog, error, argv if argv is not None else sys.argv[1:]), file=sys.stderr)
         return exit_code(error)
     except (InputError, FileNotFoundError) as error:
         if debug:

@@ -28,6 +28,7 @@ those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merg
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -35,10 +36,13 @@ from pathlib import Path
 
 import yaml
 
+from kinfolk import console
 from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
 from kinfolk.commands.launching import check_resume_checkpoint, launch
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, LayerMapError
+from kinfolk.interrupt import keep
 from kinfolk.plugins.adapt.layer_map import LayerSelection
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
@@ -134,6 +138,9 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
     resume = training_args.resume_from_checkpoint
     if resume is not None and not (isinstance(resume, str) and Path(resume).is_dir()):  # "true": this --out's last
         resume = get_last_checkpoint(training_args.output_dir)
+    if resume is not None and state.is_main_process:
+        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
+        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", PROG)
     trainer.train(resume_from_checkpoint=resume)
     staging = _shared_staging(distilled, state)
     trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
@@ -190,7 +197,26 @@ def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) 
     except LayerMapError as error:
         raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
     load_phases(args)  # read once here: a bad file is named before any process starts (the processes reuse the cache)
+    check_free_space(out, distil_bytes(args, training_args), "the student, its checkpoints and its delta")
     return out
+
+
+def distil_bytes(args: DistilArguments, training_args: LayerDistillationConfig) -> int:
+    """An estimate of what a run writes under `--out`: the student three times (init-student, distilled, delta,
+    from the init-student plan) and each checkpoint kept at once as three students (weights and Adam's two
+    moments), `save_total_limit` of them (+1 being published) or one per save of `max_steps`."""
+    from kinfolk.plugins.adapt import InitStudentConfig
+    from kinfolk.plugins.adapt.plan import build_plan
+
+    plan = build_plan(InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers)))
+    student = sum(model.nbytes for model in plan.models)
+    checkpoints = 0
+    if str(training_args.save_strategy) not in ("no", "SaveStrategy.NO"):
+        every = training_args.save_steps
+        saves = round(1 / every) if every < 1 else max(1, training_args.max_steps // max(1, int(every)))
+        limit = training_args.save_total_limit
+        checkpoints = min(saves, limit + 1) if limit else saves
+    return student * (3 + 3 * checkpoints)
 
 
 def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
@@ -208,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
     prepare_out(args, training_args)
+    keep(
+        f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
+        lambda argv: [*argv, "--resume_from_checkpoint", "true"] if "--resume_from_checkpoint" not in argv else argv,
+    )
     code = launch(__name__, argv, config_remaining, cli_remaining)
     if code == 0:
         print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)

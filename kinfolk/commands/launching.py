@@ -5,10 +5,13 @@ found) is the verb's."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from pathlib import Path
 
 from kinfolk.errors import CheckpointError, MissingInputError
+from kinfolk.interrupt import LAUNCHED_ENV, Interrupted
 
 
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
@@ -19,11 +22,32 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
 
     launch_args = resolve_accelerate_config_argument(config_remaining + cli_remaining)
     script_args = _subtract_subsequence(argv, cli_remaining)
+    os.environ[LAUNCHED_ENV] = "1"  # inherited by the launched processes: the launcher alone reports a signal
     try:
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))
     except subprocess.CalledProcessError as failed:
         return failed.returncode
+    except Interrupted as interrupted:  # the launched processes stop too (a checkpoint in progress stays staged)
+        _stop_children(interrupted.signum)
+        raise
+    finally:
+        os.environ.pop(LAUNCHED_ENV, None)
     return 0
+
+
+def _stop_children(signum: int, grace_seconds: float = 60.0) -> None:
+    """Pass the signal on to the launched processes and wait for them (SIGKILL after `grace_seconds`): none keeps
+    training, or writing, after the verb has said it stopped."""
+    import psutil
+
+    children = psutil.Process().children(recursive=False)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signum)
+    _, alive = psutil.wait_procs(children, timeout=grace_seconds)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 def check_resume_checkpoint(resume: str) -> None:
