@@ -44,6 +44,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from kinfolk.errors import InputError
+
 WIDTH = 100
 LIBRARY_LOGGERS = ("transformers", "datasets", "lm_eval", "lm-eval", "accelerate", "huggingface_hub", "trl", "peft")
 LOG_FILE = "run.log"
@@ -205,7 +207,11 @@ def quiet(
     terminal_err: TextIO | None = None,
 ) -> Iterator[Console]:
     """Route the libraries' output to `log_path` (appended) for the block; the terminal gets only this module's
-    lines. `terminal` / `terminal_err` replace the process's stdout / stderr as the terminal (tests)."""
+    lines. `terminal` / `terminal_err` replace the process's stdout / stderr as the terminal (tests).
+
+    A log this block created is removed again when the block ends in bad input (`InputError`): a refused run
+    leaves nothing behind.
+    """
     if verbose:
         console = Console(prog, terminal or sys.stdout, terminal_err or terminal or sys.stderr, None)
         _active.append(console)
@@ -215,6 +221,25 @@ def quiet(
             _active.pop()
         return
     log_path = Path(log_path)
+    created = not log_path.exists()
+    try:
+        with _routed(log_path, prog, terminal, terminal_err) as console:
+            yield console
+    except InputError:
+        if created:
+            log_path.unlink(missing_ok=True)
+        raise
+
+
+def log_beside(out: str | Path) -> Path:
+    """Where the log of a verb whose output `out` (a file or a directory) appears whole or not at all goes: beside
+    it, `NAME.run.log` for `NAME.jsonl` or `NAME/`."""
+    out = Path(out)
+    return out.with_name(f"{out.stem if out.suffix else out.name}.run.log")
+
+
+@contextlib.contextmanager
+def _routed(log_path: Path, prog: str, terminal: TextIO | None, terminal_err: TextIO | None) -> Iterator[Console]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

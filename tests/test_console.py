@@ -85,3 +85,16 @@ def test_a_trainer_and_lm_eval_under_the_console_leave_the_terminal_a_few_short_
     text = log.read_text()
     assert text.count("'loss'") == 4  # the Trainer's step dicts, one per logged step
     assert "lm_eval" in text or "lm-eval" in text, text[-2000:]
+
+
+def test_a_refused_run_leaves_no_log_and_an_earlier_log_is_kept(tmp_path):
+    from kinfolk.errors import InputError
+
+    fresh, earlier = tmp_path / "fresh.run.log", tmp_path / "earlier.run.log"
+    earlier.write_text("the first run\n")
+    for log in (fresh, earlier):
+        with pytest.raises(InputError), quiet(log, "kinfolk test", terminal=io.StringIO()):
+            print("loading")
+            raise InputError("data.jsonl: row 3 has no 'completion'")
+    assert not fresh.exists()
+    assert earlier.read_text() == "the first run\nloading\n"

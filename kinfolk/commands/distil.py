@@ -72,6 +72,7 @@ class DistilArguments:
     )
     split: str = field(default="train", metadata={"help": "Split of Hub datasets."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
+    verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: OUT/run.log)."})
 
     def __post_init__(self) -> None:
         if not self.teacher or not self.out:
@@ -138,9 +139,6 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
     resume = training_args.resume_from_checkpoint
     if resume is not None and not (isinstance(resume, str) and Path(resume).is_dir()):  # "true": this --out's last
         resume = get_last_checkpoint(training_args.output_dir)
-    if resume is not None and state.is_main_process:
-        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
-        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", PROG)
     trainer.train(resume_from_checkpoint=resume)
     staging = _shared_staging(distilled, state)
     trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
@@ -238,10 +236,24 @@ def main(argv: list[str] | None = None) -> int:
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
         lambda argv: [*argv, "--resume_from_checkpoint", "true"] if "--resume_from_checkpoint" not in argv else argv,
     )
-    code = launch(__name__, argv, config_remaining, cli_remaining)
+    say_resumed(training_args, Path(args.out) / TRAINING)
+    with console.quiet(Path(args.out) / console.LOG_FILE, PROG, verbose=args.verbose):
+        code = launch(__name__, argv, config_remaining, cli_remaining)
     if code == 0:
         print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
     return code
+
+
+def say_resumed(training_args: LayerDistillationConfig, training: Path) -> None:
+    """ "resuming: N of M steps done, from CHECKPOINT" when the run continues from a checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() == "true":
+        resume = get_last_checkpoint(str(training)) if training.is_dir() else None
+    if resume:
+        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
+        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", PROG)
 
 
 def launched(argv: list[str]) -> int:

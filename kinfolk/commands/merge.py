@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.console import log_beside, quiet
 from kinfolk.errors import InputError
 from kinfolk.interrupt import keep
 from kinfolk.plugins.adapt.api import merge
@@ -30,6 +31,7 @@ class MergeArguments:
     all: bool = field(default=False, metadata={"help": "patch: write every size k = 0..M"})
     dry_run: bool = field(default=False, metadata={"help": "check the inputs, print the plan, write nothing"})
     no_progress: bool = field(default=False, metadata={"help": "no progress bar"})
+    verbose: bool = field(default=False, metadata={"help": "show the libraries' output (else: OUT.run.log beside it)"})
 
 
 def make_parser() -> VerbParser:
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(build_plan(config, args.all).describe())
         return 0
     keep(f"nothing at {args.out} (merges write whole or not at all; a rerun starts the merge again)")
-    written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
+    with quiet(log_beside(args.out), "kinfolk merge", verbose=args.verbose):
+        written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
     print(f"wrote {written}", file=sys.stderr)
     return 0

@@ -22,6 +22,7 @@ from datasets import Dataset
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.console import log_beside, quiet, show
 from kinfolk.data import check_output, load_data, naming, save_dataset, writes_folder
 from kinfolk.diskspace import check_free_space, path_bytes
 from kinfolk.interrupt import keep
@@ -46,6 +47,9 @@ class ScoreArguments:
     reference: str | None = field(default=None, metadata={"help": "the small base's instruct/chat model."})
     split: str = field(default="train", metadata={"help": "split to score when --data holds several."})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out."})
+    verbose: bool = field(
+        default=False, metadata={"help": "show the libraries' output (else: NAME.run.log beside --out)."}
+    )
 
 
 def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwrite: bool) -> None:
@@ -78,6 +82,11 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     if any(models.values()):  # models, the formula's needs, the cache and --out: before the data is even read
         check_scoring_inputs(models, config, out=args.out, overwrite=args.overwrite)
     check_space(args, config, scoring=any(models.values()))
+    with quiet(log_beside(args.out), "kinfolk score", verbose=args.verbose):
+        return _score_and_write(args, config, models, state)
+
+
+def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, state) -> Dataset:
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
     with naming(args.data):
@@ -92,10 +101,10 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
             )
     if state.is_main_process:
         report = weight_report(scored, config.weight_config())
-        print(format_report(report))
+        show(format_report(report))
         result = weights_from_scores(scored, config.weight_config())
         write_scored(scored, report, result.weights[result.scored], args.out, args.overwrite)
-        print(f"wrote {len(scored)} rows to {args.out}")
+        show(f"wrote {len(scored)} rows to {args.out}; the libraries' output: {log_beside(args.out)}")
     state.wait_for_everyone()
     return scored
 
