@@ -210,3 +210,31 @@ def main_init(teacher, tmp_path) -> str:
     out = tmp_path / "init-student"
     assert main(["merge", "init-student", str(config), "--out", str(out), "--no-progress"]) == 0
     return str(out)
+
+
+def test_lab_build_refuses_before_training_when_the_family_does_not_fit(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.lab import family as family_module
+    from kinfolk.lab.family import LabConfig, _model_config
+    from kinfolk.lab.tokenizer import build_lab_tokenizer
+
+    config, tokenizer = LabConfig.quick_config(seed=0), build_lab_tokenizer()
+    saved = {}
+    for shape in ("small_shape", "large_shape"):  # each shape's model built and saved for real
+        directory = tmp_path / shape
+        AutoModelForCausalLM.from_config(_model_config(getattr(config, shape), tokenizer)).save_pretrained(directory)
+        saved[shape] = tensor_bytes(directory)
+    needed = 2 * saved["small_shape"] + 3 * saved["large_shape"]
+    fake_free(monkeypatch, needed - 1)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was trained before the free-space check")
+
+    monkeypatch.setattr(family_module, "train", refuse)
+    cache = tmp_path / "cache"
+    root = cache / config.cache_key()
+    assert_command_refused(
+        ["lab", "build", "--quick", "--cache_dir", cache], str(root), f"needs {format_bytes(needed)}", destination=root
+    )
+    assert list(cache.iterdir()) == []  # no log of the refused build either

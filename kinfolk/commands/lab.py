@@ -23,7 +23,9 @@ class BuildArguments:
         default=None, metadata={"help": "Cache root (default ~/.cache/kinfolk/lab or KINFOLK_LAB_CACHE)."}
     )
     force: bool = field(default=False, metadata={"help": "Retrain even when the cache holds the family."})
-    verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: run.log beside it)."})
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the libraries' output (else: KEY.run.log beside it)."}
+    )
 
 
 @dataclass
@@ -51,7 +53,7 @@ class ExperimentArguments:
 
 def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
-    from kinfolk.console import LOG_FILE, quiet
+    from kinfolk.console import log_beside, quiet
     from kinfolk.interrupt import keep
     from kinfolk.lab.family import LabConfig, build_family, default_cache_dir
 
@@ -59,10 +61,10 @@ def build(argv: list[str]) -> int:
     start = time.perf_counter()
     root = Path(args.cache_dir or default_cache_dir()) / config.cache_key()
     keep(f"every model trained to its end, in {root} (a model stopped while training is trained again)")
-    with quiet(root / LOG_FILE, "kinfolk lab build", verbose=args.verbose):
+    with quiet(log_beside(root), "kinfolk lab build", verbose=args.verbose):
         family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
     print(family.summary())
-    print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s); log: {root / LOG_FILE}")
+    print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s); log: {log_beside(root)}")
     return 0 if family.passed else 1
 
 
