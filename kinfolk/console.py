@@ -84,9 +84,8 @@ class Console:
         self._write(self.err, "\n".join(lines))
 
     def show(self, text: str) -> None:
-        """`text` as given, except that a line wider than the terminal's 100 columns is wrapped."""
-        lines = [textwrap.fill(line, WIDTH) if len(line) > WIDTH else line for line in text.splitlines()]
-        self._write(self.out, "\n".join(lines))
+        """`text` as given (results such as tables are laid out to fit by whoever writes them)."""
+        self._write(self.out, text)
 
     def warn_once(self, message: str) -> None:
         first_line = message.strip().splitlines()[0] if message.strip() else message
