@@ -238,3 +238,18 @@ def test_lab_build_refuses_before_training_when_the_family_does_not_fit(tmp_path
         ["lab", "build", "--quick", "--cache_dir", cache], str(root), f"needs {format_bytes(needed)}", destination=root
     )
     assert list(cache.iterdir()) == []  # no log of the refused build either
+
+
+def test_a_full_disk_met_outside_the_atomic_writers_is_still_one_line(tmp_path, capsys):
+    from kinfolk.commands import run
+
+    target = tmp_path / "data.arrow"
+
+    def writes_directly():
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    assert run("kinfolk score", writes_directly) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kinfolk score: error: no space left on device while writing {target} ")
+    with pytest.raises(RuntimeError):  # any other failure keeps its traceback
+        run("kinfolk score", lambda: (_ for _ in ()).throw(RuntimeError("a bug")))

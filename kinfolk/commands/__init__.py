@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 
 from kinfolk import __version__
-from kinfolk.diskspace import DiskFullError
+from kinfolk.diskspace import DiskFullError, is_disk_full
 from kinfolk.errors import InputError
 from kinfolk.interrupt import LAUNCHED_ENV, NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
 
@@ -98,6 +98,12 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: li
         if debug:
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 1
+    except Exception as error:  # a full disk met outside kinfolk's atomic writers: one line too, naming the file
+        if debug or not is_disk_full(error):
+            raise
+        where = f" while writing {error.filename}" if getattr(error, "filename", None) else ""
+        print(f"{prog}: error: no space left on device{where} ({one_line(error)})", file=sys.stderr)
         return 1
 
 
