@@ -4,10 +4,10 @@ once, and its result; the libraries' chatter goes to a log file.
 Inside `quiet(log_path, prog)` everything written to standard output and error goes to `log_path`: at the file
 descriptor level (so subprocesses such as `accelerate launch` and C extensions too), `sys.stdout` / `sys.stderr`,
 the logging handlers that wrote there (transformers', lm-eval's, datasets'), Python warnings, the Trainer's
-`{'loss': ...}` dictionaries. Library progress bars are switched off (`TQDM_DISABLE`, datasets' and the Hub's
-progress bars) for the block. Only this module writes to the terminal:
-
-The libraries' root loggers (`LIBRARY_LOGGERS`) lose their handlers and propagate to the log for the block.
+`{'loss': ...}` dictionaries and the libraries' own tqdm bars; the libraries' root loggers (`LIBRARY_LOGGERS`)
+lose their handlers and propagate to the log. datasets' and the Hub's progress bars are switched off for the
+block, and so is every tqdm bar of a process started inside it (`TQDM_DISABLE`: tqdm reads it at import). Only
+this module writes to the terminal:
 
 - `stage(message)`: one line `[prog 12.3s] message`, wrapped to 100 columns (also in the log);
 - `bar(...)`: a tqdm bar on the terminal, at most 100 columns, gone when it closes (one bar at a time);
