@@ -31,6 +31,7 @@ from kinfolk import __version__
 from kinfolk.diskspace import DiskFullError, is_disk_full
 from kinfolk.errors import InputError
 from kinfolk.interrupt import LAUNCHED_ENV, NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
+from kinfolk.process_group import end_process_group
 
 # verb -> (module with `main(argv) -> int`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -76,13 +77,17 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: li
     a full disk → one line and 1; SIGINT / SIGTERM → one line (what is kept, the command `argv` that resumes) and
     130 / 143.
 
-    Other exceptions propagate: the process ends with Python's traceback and exit code 1.
+    Other exceptions propagate: the process ends with Python's traceback and exit code 1. A launched process (one
+    rank of `kinfolk sft` or `kinfolk distil`) that succeeded ends its process group before it returns.
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     keep(NOTHING_PARTIAL)
     try:
         with catch_signals():
-            return int(call() or 0)
+            code = int(call() or 0)
+        if code == 0:
+            end_process_group()
+        return code
     except KeyboardInterrupt as error:
         if debug:
             raise
