@@ -80,7 +80,14 @@ class Console:
 
     def stage(self, message: str) -> None:
         prefix = f"[{self.prog} {time.perf_counter() - self.start:6.1f}s] "
-        lines = textwrap.wrap(message, WIDTH, initial_indent=prefix, subsequent_indent=" " * 4) or [prefix]
+        lines = textwrap.wrap(
+            message,
+            WIDTH,
+            initial_indent=prefix,
+            subsequent_indent=" " * 4,
+            break_long_words=False,  # a path stays whole (and copyable), even where it overflows
+            break_on_hyphens=False,
+        ) or [prefix]
         self._write(self.err, "\n".join(lines))
 
     def show(self, text: str) -> None:

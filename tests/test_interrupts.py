@@ -184,3 +184,58 @@ def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_che
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming: {step} of 60 steps done" in resumed.stderr
     assert (out / "delta").is_dir() and (out / "distilled").is_dir()
+
+
+def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_them(tmp_path, monkeypatch):
+    """The command's line and the build's resume line, with each model's training replaced by a save of its init
+    (and its scores by a stub): SIGTERM while the third of the five models trains."""
+    from transformers import AutoModelForCausalLM
+
+    import kinfolk.lab.family as family_module
+    from kinfolk.commands import main
+    from kinfolk.lab.skills import SKILLS
+
+    trained = []
+
+    def train(model, dataset, tokenizer, out, *args, **kwargs):
+        trained.append(out.name)
+        if len(trained) == 3 and out.name == "small_instruct":  # the first run: stopped during its third model
+            os.kill(os.getpid(), signal.SIGTERM)
+        model = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, Path) else model
+        family_module.save_model(model, tokenizer, out)
+        return 1
+
+    perfect = {skill: {"accuracy": 1.0, "answer_accuracy": 1.0} for skill in SKILLS}
+    monkeypatch.setattr(family_module, "train", train)
+    monkeypatch.setattr(family_module, "skill_scores", lambda *args, **kwargs: perfect)
+    cache = tmp_path / "cache"
+    argv = ["lab", "build", "--quick", "--cache_dir", str(cache)]
+    root = cache / family_module.LabConfig.quick_config(seed=0).cache_key()
+
+    def command() -> tuple[int, str]:
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            status = main(argv)
+        return status, stderr.getvalue()
+
+    status, text = command()
+    assert status == 143, text
+    assert text.strip().splitlines()[-1] == (
+        f"kinfolk lab: stopped by SIGTERM; kept: every model trained to its end, in {root} (a model stopped while "
+        f"training is trained again); resume: kinfolk {shlex.join(argv)}"
+    )
+    assert sorted(path.name for path in root.iterdir() if (path / "config.json").exists()) == [
+        "large_base",
+        "small_base",
+    ]
+    status, text = command()
+    assert status == 0, text
+    assert f"resuming: 2 of 5 models trained earlier in {root}" in " ".join(text.split())  # wrapped at 100
+    assert trained == [
+        "small_base",
+        "large_base",
+        "small_instruct",
+        "small_instruct",
+        "large_instruct",
+        "large_bracket",
+    ]
