@@ -248,8 +248,8 @@ def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) 
     models = {name: family.models[name] for name in ("large_base", "large_instruct")}
     models.update({path.name: path for path in sorted((out / "models").iterdir())})
     results = {}
-    for name, path in models.items():
-        say(f"lm-eval: kinfolk_lab_* tasks on {name}")
+    say(f"lm-eval: kinfolk_lab_* tasks on {len(models)} models ({', '.join(models)})")
+    for name, path in console.bar(iterable=models.items(), total=len(models), desc="lm-eval", disable=not say.enabled):
         results[name] = evaluate_with_lm_eval(load_saved(path), tokenizer, limit=config.lm_eval_limit)
     return results
 
