@@ -50,6 +50,16 @@ def stopped_line(done: subprocess.CompletedProcess, verb: str, signal_name: str)
     return lines[0]
 
 
+def in_process(argv: list[str]) -> tuple[int, str]:
+    """`kinfolk ARGV` in this process: its exit code and what it wrote to stderr."""
+    from kinfolk.commands import main
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        status = main(argv)
+    return status, stderr.getvalue()
+
+
 def run_resume_command(line: str) -> subprocess.CompletedProcess:
     """The resume command exactly as the line gives it."""
     argv = shlex.split(line.split("; resume: ", 1)[1])
@@ -106,7 +116,6 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
     """The command's wiring and the families runner's resume line, with a stub for each family's runs."""
     import kinfolk.lab.atlantis_experiment as experiment
     import kinfolk.lab.replication as replication
-    from kinfolk.commands import main
 
     ran = []
 
@@ -130,13 +139,7 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
     out = tmp_path / "lab-atlantis"
     argv = ["lab", "experiment", "atlantis", "--families", "3", "--out", str(out)]
 
-    def command() -> tuple[int, str]:
-        stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            status = main(argv)
-        return status, stderr.getvalue()
-
-    status, text = command()
+    status, text = in_process(argv)
     assert status == 143, text
     line = text.strip().splitlines()[-1]
     assert line == (
@@ -144,7 +147,7 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
         f"finished runs under {out}; resume: kinfolk {shlex.join(argv)}"
     )
     assert sorted(path.name for path in (out / "families").glob("*.json")) == ["0.json"]
-    status, text = command()
+    status, text = in_process(argv)
     assert status == 0, text
     assert ran == [0, 1, 1, 2]  # family 0 was not run again
     log = (out / "run.log").read_text()
@@ -192,7 +195,6 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
     from transformers import AutoModelForCausalLM
 
     import kinfolk.lab.family as family_module
-    from kinfolk.commands import main
     from kinfolk.lab.skills import SKILLS
 
     trained = []
@@ -212,13 +214,7 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
     argv = ["lab", "build", "--quick", "--cache_dir", str(cache)]
     root = cache / family_module.LabConfig.quick_config(seed=0).cache_key()
 
-    def command() -> tuple[int, str]:
-        stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            status = main(argv)
-        return status, stderr.getvalue()
-
-    status, text = command()
+    status, text = in_process(argv)
     assert status == 143, text
     assert text.strip().splitlines()[-1] == (
         f"kinfolk lab: stopped by SIGTERM; kept: every model trained to its end, in {root} (a model stopped while "
@@ -228,7 +224,7 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
         "large_base",
         "small_base",
     ]
-    status, text = command()
+    status, text = in_process(argv)
     assert status == 0, text
     assert f"resuming: 2 of 5 models trained earlier in {root}" in " ".join(text.split())  # wrapped at 100
     assert trained == [
