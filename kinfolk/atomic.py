@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kinfolk.diskspace import check_free_space, disk_full_names
 from kinfolk.errors import OutputExistsError, OutputNotWritableError, option
 
 logger = logging.getLogger(__name__)
@@ -277,15 +278,24 @@ def check_writable(destination: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_directory(destination: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield an empty staging directory that replaces `destination` only if the block finishes without error."""
+def atomic_directory(
+    destination: str | Path, overwrite: bool = False, needed_bytes: int | None = None
+) -> Iterator[Path]:
+    """Yield an empty staging directory that replaces `destination` only if the block finishes without error.
+
+    `needed_bytes`, when known, is checked against the free space first (`kinfolk.diskspace.check_free_space`);
+    a disk that fills during the block raises `kinfolk.diskspace.DiskFullError` naming `destination`.
+    """
     destination = check_destination(destination, overwrite)
+    if needed_bytes is not None:
+        check_free_space(destination, needed_bytes)
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_path(destination)
     staging.mkdir()
     try:
-        yield staging
-        publish(staging, destination)
+        with disk_full_names(destination):
+            yield staging
+            publish(staging, destination)
     finally:  # after an exchange it holds the old output; after a failure, the partial new one
         if staging.exists() or staging.is_symlink():
             _remove(staging)
@@ -336,7 +346,7 @@ def atomic_file(
     staging = staging_path(destination)
     kwargs = {} if "b" in mode else {"encoding": encoding}
     try:
-        with open(staging, mode, **kwargs) as handle:
+        with disk_full_names(destination), open(staging, mode, **kwargs) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

@@ -93,6 +93,10 @@ class OutputNotWritableError(InputError, PermissionError):
     """The destination cannot be created: its parent is a file, read-only, or not permitted."""
 
 
+class NotEnoughSpaceError(InputError):
+    """The destination's file system has fewer bytes free than the output needs (found before any work)."""
+
+
 # --- datasets ----------------------------------------------------------------------------------------------------
 
 

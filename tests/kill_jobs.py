@@ -1,12 +1,14 @@
 """Jobs that the kill tests run in a subprocess and SIGKILL at a chosen point (`test_kill_and_resume.py`).
 
     python kill_jobs.py JOB ARGS.json [--kill MODULE:ATTR WHEN N [MATCH]] [--no-exchange]
+    python kill_jobs.py JOB ARGS.json --signal SIGTERM|SIGINT MODULE:ATTR WHEN N [MATCH]
 
 The kill point wraps a function (`kinfolk.atomic:exchange`, `kinfolk.tensors:ShardedWriter._flush`,
 `pathlib:Path.rename`, ...) so that its N-th call (counting only calls whose first argument's text ends with
 MATCH, if given: any positional argument's text ending so) is followed (WHEN = after) or preceded (WHEN = before) by SIGKILL of this very process: no
-`finally`, no atexit, exactly what a power cut or the OOM killer leaves. `--no-exchange` takes the platform's
-atomic exchange away, to test the fallback overwrite. Jobs:
+`finally`, no atexit, exactly what a power cut or the OOM killer leaves. `--signal` sends that signal instead (what a scheduler or
+Ctrl-C sends: the process handles it). `--no-exchange` takes the platform's atomic exchange away, to test the
+fallback overwrite. Jobs:
 
 - `merge`: `kinfolk merge OP CONFIG.yaml --out OUT [--all] [--overwrite]` (the command line, in this process).
 - `score`: `kinfolk score --data DATA --large_base ... --cache_dir CACHE --out OUT [--option value ...]` (the same).
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 
 
-def install_kill(target: str, when: str, count: int, match: str | None) -> None:
+def install_kill(target: str, when: str, count: int, match: str | None, signum: int = signal.SIGKILL) -> None:
     module_name, attribute = target.split(":")
     owner = importlib.import_module(module_name)
     *path, name = attribute.split(".")
@@ -38,10 +40,10 @@ def install_kill(target: str, when: str, count: int, match: str | None) -> None:
         counted = match is None or any(str(argument).endswith(match) for argument in args)
         calls += bool(counted)
         if counted and calls == count and when == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signum)
         result = real(*args, **kwargs)
         if counted and calls == count and when == "after":
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signum)
         return result
 
     setattr(owner, name, killing)
@@ -108,6 +110,9 @@ if __name__ == "__main__":
         rest.remove("--no-exchange")
     if rest and rest[0] == "--kill":
         install_kill(rest[1], rest[2], int(rest[3]), rest[4] if len(rest) > 4 else None)
+    if rest and rest[0] == "--signal":
+        number = signal.Signals[rest[1]]
+        install_kill(rest[2], rest[3], int(rest[4]), rest[5] if len(rest) > 5 else None, number)
     JOBS[job](arguments)
     from kinfolk.process_group import end_process_group
 

@@ -107,8 +107,10 @@ def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
         raise OSError("No space left on device")
 
     monkeypatch.setattr(score_cli, "write_report", disk_full)  # fails half-way through writing --out
-    with pytest.raises(OSError, match="No space left"):
-        main(["score", "--data", str(setup["data"]), *setup["models"], "--out", str(out), *setup["cache"]])
+    capsys.readouterr()
+    assert main(["score", "--data", str(setup["data"]), *setup["models"], "--out", str(out), *setup["cache"]]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # one line naming --out (kinfolk.diskspace)
+    assert error.startswith(f"kinfolk score: error: no space left on device while writing {out} ")
     assert not out.exists() and leftovers(tmp_path) == []
 
 

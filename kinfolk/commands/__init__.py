@@ -8,8 +8,10 @@ One exit-code rule holds for all of them:
 | exit | meaning | what is printed |
 | --- | --- | --- |
 | 0 | done | the verb's output |
-| 1 | runtime failure (a bug, a full disk, an out-of-memory) | Python's traceback |
-| 2 | usage or bad input (`kinfolk.errors.InputError`, a missing file) | one line naming the culprit |
+| 1 | runtime failure (a bug, an out-of-memory) | Python's traceback |
+| 1 | the disk filled during a write (`kinfolk.diskspace.DiskFullError`) | one line naming the destination |
+| 2 | usage or bad input (`kinfolk.errors.InputError`, a missing file, too little free space) | one line naming the culprit |
+| 130, 143 | interrupted by SIGINT (Ctrl-C) or SIGTERM (`kinfolk.interrupt`) | one line: what is kept, how to resume |
 
 `kinfolk --debug <verb> ...` (or `KINFOLK_DEBUG=1`) shows the traceback of a bad-input error too. A verb's module is
 imported only when that verb runs, which keeps `kinfolk --help` fast.
@@ -27,7 +29,9 @@ import sys
 from collections.abc import Callable
 
 from kinfolk import __version__
+from kinfolk.diskspace import DiskFullError, is_disk_full
 from kinfolk.errors import InputError, cli_spelling
+from kinfolk.interrupt import LAUNCHED_ENV, NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
 from kinfolk.process_group import end_process_group
 
 # verb -> (module with `main(argv) -> int`, one-line help)
@@ -69,24 +73,45 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def run(prog: str, call: Callable[[], int | None], debug: bool = False) -> int:
-    """Run a verb under the exit-code rule: its return code (0 for None); bad input → one line on stderr and 2.
+def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: list[str] | None = None) -> int:
+    """Run a verb under the exit-code rule: its return code (0 for None); bad input → one line on stderr and 2;
+    a full disk → one line and 1; SIGINT / SIGTERM → one line (what is kept, the command `argv` that resumes) and
+    130 / 143.
 
     Other exceptions propagate: the process ends with Python's traceback and exit code 1. A launched process (one
     rank of `kinfolk sft` or `kinfolk distil`) that succeeded ends its process group before it returns.
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    keep(NOTHING_PARTIAL)
     try:
-        with cli_spelling():  # hints in errors name the flags the user types, not keyword arguments
+        # hints in errors name the flags the user types, not keyword arguments
+        with catch_signals(), cli_spelling():
             code = int(call() or 0)
         if code == 0:
             end_process_group()
         return code
+    except KeyboardInterrupt as error:
+        if debug:
+            raise
+        if not os.environ.get(LAUNCHED_ENV):  # a launched process: its launcher prints the line
+            print(interrupted_line(prog, error, argv if argv is not None else sys.argv[1:]), file=sys.stderr)
+        return exit_code(error)
     except (InputError, FileNotFoundError) as error:
         if debug:
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except DiskFullError as error:
+        if debug:
+            raise
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 1
+    except Exception as error:  # a full disk met outside kinfolk's atomic writers: one line too, naming the file
+        if debug or not is_disk_full(error):
+            raise
+        where = f" while writing {error.filename}" if getattr(error, "filename", None) else ""
+        print(f"{prog}: error: no space left on device{where} ({one_line(error)})", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,4 +123,4 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     verb, module_name = argv[0], VERBS[argv[0]][0]
-    return run(f"kinfolk {verb}", lambda: importlib.import_module(module_name).main(argv[1:]), debug)
+    return run(f"kinfolk {verb}", lambda: importlib.import_module(module_name).main(argv[1:]), debug, argv)

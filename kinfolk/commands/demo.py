@@ -27,27 +27,37 @@ class DemoArguments:
         default=False,
         metadata={"help": "Run on a family that missed a build threshold (the report's first line then says so)."},
     )
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the libraries' output too (by default it goes to OUT/run.log)."}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     (args,) = VerbParser(DemoArguments, prog="kinfolk demo", description=__doc__.split("\n\n")[0]).parse(argv)
     import torch
 
+    from kinfolk.atomic import check_destination
+    from kinfolk.console import LOG_FILE, quiet
+    from kinfolk.interrupt import keep, with_flag
     from kinfolk.lab.demo import DemoConfig, run_demo
     from kinfolk.lab.family import FamilyBelowThreshold
 
     if args.threads:
         torch.set_num_threads(args.threads)
     config = DemoConfig.quick_config(seed=args.seed) if args.quick else DemoConfig(seed=args.seed)
+    out = check_destination(args.out, args.overwrite)
+    keep(f"the lab family's cache and the finished stages' models and records under {out}", with_flag("--overwrite"))
     try:
-        run_demo(
-            args.out,
-            config,
-            cache_dir=args.cache_dir,
-            overwrite=args.overwrite,
-            allow_failed_family=args.allow_failed_family,
-        )
+        with quiet(out / LOG_FILE, "kinfolk demo", verbose=args.verbose):
+            run_demo(
+                out,
+                config,
+                cache_dir=args.cache_dir,
+                overwrite=True,  # checked above, before the log was opened inside it
+                allow_failed_family=args.allow_failed_family,
+            )
     except FamilyBelowThreshold as error:
         print(f"kinfolk demo: {error}", file=sys.stderr)
         return 1
+    print(f"report: {out / 'report.md'}; the libraries' output: {out / LOG_FILE}")
     return 0

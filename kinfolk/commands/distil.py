@@ -28,6 +28,7 @@ those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merg
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -35,10 +36,13 @@ from pathlib import Path
 
 import yaml
 
+from kinfolk import console
 from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
 from kinfolk.commands.launching import check_launch_arguments, check_resume_checkpoint, launch, remove_tree
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, LayerMapError
+from kinfolk.interrupt import keep
 from kinfolk.plugins.adapt.layer_map import LayerSelection
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
@@ -68,6 +72,7 @@ class DistilArguments:
     )
     split: str = field(default="train", metadata={"help": "Split of Hub datasets."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
+    verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: OUT/run.log)."})
 
 
 def layer_selection(layers: str | dict) -> LayerSelection:
@@ -180,7 +185,26 @@ def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) 
     except LayerMapError as error:
         raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
     load_phases(args)  # read once here: a bad file is named before any process starts (the processes reuse the cache)
+    check_free_space(out, distil_bytes(args, training_args), "the student, its checkpoints and its delta")
     return out
+
+
+def distil_bytes(args: DistilArguments, training_args: LayerDistillationConfig) -> int:
+    """An estimate of what a run writes under `--out`: the student three times (init-student, distilled, delta,
+    from the init-student plan) and each checkpoint kept at once as three students (weights and Adam's two
+    moments), `save_total_limit` of them (+1 being published) or one per save of `max_steps`."""
+    from kinfolk.plugins.adapt import InitStudentConfig
+    from kinfolk.plugins.adapt.plan import build_plan
+
+    plan = build_plan(InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers)))
+    student = sum(model.nbytes for model in plan.models)
+    checkpoints = 0
+    if str(training_args.save_strategy) not in ("no", "SaveStrategy.NO"):
+        every = training_args.save_steps
+        saves = round(1 / every) if every < 1 else max(1, training_args.max_steps // max(1, int(every)))
+        limit = training_args.save_total_limit
+        checkpoints = min(saves, limit + 1) if limit else saves
+    return student * (3 + 3 * checkpoints)
 
 
 def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
@@ -199,10 +223,28 @@ def main(argv: list[str] | None = None) -> int:
     (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
     check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
     prepare_out(args, training_args)
-    code = launch(__name__, argv, config_remaining, cli_remaining)
+    keep(
+        f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
+        lambda argv: [*argv, "--resume_from_checkpoint", "true"] if "--resume_from_checkpoint" not in argv else argv,
+    )
+    say_resumed(training_args, Path(args.out) / TRAINING)
+    with console.quiet(Path(args.out) / console.LOG_FILE, PROG, verbose=args.verbose):
+        code = launch(__name__, argv, config_remaining, cli_remaining)
     if code == 0:
         print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
     return code
+
+
+def say_resumed(training_args: LayerDistillationConfig, training: Path) -> None:
+    """ "resuming: N of M steps done, from CHECKPOINT" when the run continues from a checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() == "true":
+        resume = get_last_checkpoint(str(training)) if training.is_dir() else None
+    if resume:
+        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
+        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", PROG)
 
 
 def launched(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import InputError
@@ -28,6 +29,9 @@ class BuildArguments:
             "help": "Maintainers, in a checkout: document this build's weight digests (kinfolk/lab/digests.json)."
         },
     )
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the libraries' output (else: KEY.run.log beside it)."}
+    )
 
 
 @dataclass
@@ -46,6 +50,7 @@ class ExperimentArguments:
         default=False,
         metadata={"help": "Use families that missed a build threshold (the results list them) instead of stopping."},
     )
+    verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: OUT/run.log)."})
 
     def __post_init__(self) -> None:
         if self.families < 1:
@@ -54,14 +59,19 @@ class ExperimentArguments:
 
 def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
+    from kinfolk.console import log_beside, quiet
+    from kinfolk.interrupt import keep
     from kinfolk.lab.digests import check_family, record_family
-    from kinfolk.lab.family import LabConfig, build_family
+    from kinfolk.lab.family import LabConfig, build_family, default_cache_dir
 
     config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
     start = time.perf_counter()
-    family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
+    root = Path(args.cache_dir or default_cache_dir()) / config.cache_key()
+    keep(f"every model trained to its end, in {root} (a model stopped while training is trained again)")
+    with quiet(log_beside(root), "kinfolk lab build", verbose=args.verbose):
+        family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
     print(family.summary())
-    print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s)")
+    print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s); log: {log_beside(root)}")
     key = config.cache_key()
     if args.record_digests:
         record_family(key, family.models, f"kinfolk lab build{' --quick' * args.quick} --seed {args.seed}")
@@ -86,6 +96,9 @@ def experiment(argv: list[str]) -> int:
     if not argv or argv[0] not in EXPERIMENTS:
         choices = ", ".join(EXPERIMENTS)
         raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
+    from kinfolk.atomic import check_destination
+    from kinfolk.console import LOG_FILE, quiet
+    from kinfolk.interrupt import keep
     from kinfolk.lab.results_doc import results_markdown
 
     name = argv[0]
@@ -95,16 +108,22 @@ def experiment(argv: list[str]) -> int:
     args, settings = parser.parse(argv[1:])
     if args.families < 5:
         print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
-    results = getattr(module, runner)(
-        args.out or f"runs/lab-{name}",
-        list(range(args.first_family, args.first_family + args.families)),
-        settings,
-        quick=args.quick,
-        cache_dir=args.cache_dir,
-        allow_failed_family=args.allow_failed_family,
-        overwrite=args.overwrite,
-    )
+    out = Path(args.out or f"runs/lab-{name}")
+    if not out.exists():
+        check_destination(out, args.overwrite)  # before the log is opened inside it
+    keep(f"every finished family's record and each family's finished runs under {out}")
+    with quiet(out / LOG_FILE, f"kinfolk lab experiment {name}", verbose=args.verbose):
+        results = getattr(module, runner)(
+            out,
+            list(range(args.first_family, args.first_family + args.families)),
+            settings,
+            quick=args.quick,
+            cache_dir=args.cache_dir,
+            allow_failed_family=args.allow_failed_family,
+            overwrite=args.overwrite,
+        )
     print(results_markdown(results))
+    print(f"results: {out}; log: {out / LOG_FILE}")
     return 0
 
 

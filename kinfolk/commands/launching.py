@@ -13,6 +13,8 @@ kinfolk.errors.InputError: unrecognized option --weight_colum: neither a kinfolk
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 from kinfolk.atomic import staging_path
 from kinfolk.commands.parsing import config_file
 from kinfolk.errors import CheckpointError, InputError, MissingInputError
+from kinfolk.interrupt import LAUNCHED_ENV, Interrupted
 
 # TRL's launcher option beside accelerate's own (`trl.cli.accelerate_config`): a config file or a named TRL config.
 TRL_LAUNCH_OPTIONS = ("--accelerate_config",)
@@ -75,11 +78,32 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
 
     launch_args = without_config_defaults(resolve_accelerate_config_argument(config_remaining + cli_remaining))
     script_args = _subtract_subsequence(argv, cli_remaining)
+    os.environ[LAUNCHED_ENV] = "1"  # inherited by the launched processes: the launcher alone reports a signal
     try:
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))
     except subprocess.CalledProcessError as failed:
         return failed.returncode
+    except Interrupted as interrupted:  # the launched processes stop too (a checkpoint in progress stays staged)
+        _stop_children(interrupted.signum)
+        raise
+    finally:
+        os.environ.pop(LAUNCHED_ENV, None)
     return 0
+
+
+def _stop_children(signum: int, grace_seconds: float = 60.0) -> None:
+    """Pass the signal on to the launched processes and wait for them (SIGKILL after `grace_seconds`): none keeps
+    training, or writing, after the verb has said it stopped."""
+    import psutil
+
+    children = psutil.Process().children(recursive=False)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signum)
+    _, alive = psutil.wait_procs(children, timeout=grace_seconds)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 def check_resume_checkpoint(resume: str) -> None:

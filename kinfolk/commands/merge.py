@@ -18,7 +18,9 @@ import textwrap
 from dataclasses import dataclass, field
 
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.console import log_beside, quiet
 from kinfolk.errors import InputError
+from kinfolk.interrupt import keep
 from kinfolk.plugins.adapt.api import merge
 from kinfolk.plugins.adapt.config import CONFIGS, DeltaCosineConfig, load_config
 from kinfolk.plugins.adapt.cosine import write_delta_cosine
@@ -34,7 +36,13 @@ class MergeArguments:
     all: bool = field(default=False, metadata={"help": "patch: write every size k = 0..M"})
     dry_run: bool = field(default=False, metadata={"help": "check the inputs, print the plan, write nothing"})
     no_progress: bool = field(default=False, metadata={"help": "no progress bar"})
-    verbose: bool = field(default=False, metadata={"help": "with --dry-run: list every output tensor's formula"})
+    verbose: bool = field(
+        default=False,
+        metadata={
+            "help": "show everything: the libraries' output (else OUT.run.log beside it) and, with --dry-run, every "
+            "output tensor's formula"
+        },
+    )
 
 
 def config_keys(op: str) -> str:
@@ -85,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(build_plan(config, args.all).describe(args.out, every_tensor=args.verbose))
         return 0
-    written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
+    keep(f"nothing at {args.out} (merges write whole or not at all; a rerun starts the merge again)")
+    with quiet(log_beside(args.out), "kinfolk merge", verbose=args.verbose):
+        written = merge(config, args.out, args.overwrite, args.all, progress=not args.no_progress)
     print(f"wrote {written}", file=sys.stderr)
     return 0

@@ -22,8 +22,12 @@ from datasets import Dataset
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.console import log_beside, quiet, show
 from kinfolk.data import check_output, load_data, naming, save_dataset, writes_folder
+from kinfolk.diskspace import check_free_space, path_bytes
+from kinfolk.interrupt import keep
 from kinfolk.tokens import DatasetFormatError
+from kinfolk.trainers.atlantis.cache import default_cache_dir
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
 from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
 from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
@@ -43,6 +47,9 @@ class ScoreArguments:
     reference: str | None = field(default=None, metadata={"help": "the small base's instruct/chat model."})
     split: str = field(default="train", metadata={"help": "split to score when --data holds several."})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out."})
+    verbose: bool = field(
+        default=False, metadata={"help": "show the libraries' output (else: NAME.run.log beside --out)."}
+    )
 
 
 def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwrite: bool) -> None:
@@ -57,12 +64,29 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
     save_dataset(scored, out, overwrite=overwrite)  # last: the data file appears only when all else is written
 
 
+def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> None:
+    """Refuse before any work when `--out` (about twice the input's bytes: its columns plus the scores, and the
+    report) or the score cache (at most the input's bytes: three numbers per row and model) cannot fit."""
+    data_bytes = path_bytes(args.data)
+    check_free_space(args.out, 2 * data_bytes, "the scored rows (about twice the input's size)")
+    if scoring and config.use_cache:
+        cache = config.cache_dir or default_cache_dir()
+        check_free_space(cache, data_bytes, "the score cache")
+        keep(f"the score cache in {cache}, every chunk scored so far (a rerun scores only the rest)")
+
+
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     state = process_state()
     check_output(args.out, args.overwrite)
     models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
     if any(models.values()):  # models, the formula's needs, the cache and --out: before the data is even read
         check_scoring_inputs(models, config, out=args.out, overwrite=args.overwrite)
+    check_space(args, config, scoring=any(models.values()))
+    with quiet(log_beside(args.out), "kinfolk score", verbose=args.verbose):
+        return _score_and_write(args, config, models, state)
+
+
+def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, state) -> Dataset:
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
     with naming(args.data):
@@ -77,10 +101,10 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
             )
     if state.is_main_process:
         report = weight_report(scored, config.weight_config())
-        print(format_report(report))
+        show(format_report(report))
         result = weights_from_scores(scored, config.weight_config())
         write_scored(scored, report, result.weights[result.scored], args.out, args.overwrite)
-        print(f"wrote {len(scored)} rows to {args.out}")
+        show(f"wrote {len(scored)} rows to {args.out}; the libraries' output: {log_beside(args.out)}")
     state.wait_for_everyone()
     return scored
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from kinfolk import console
 from kinfolk.atomic import check_destination, write_json
 from kinfolk.lab.adapt_experiment import AdaptSettings
 from kinfolk.lab.atlantis_experiment import AtlantisSettings
@@ -132,13 +133,18 @@ def load_saved(path: Path):
 
 
 class Progress:
-    """Stage lines on stderr with the time since the demo started."""
+    """Stage lines with the time since the demo started: on the terminal of `kinfolk.console.quiet` when the
+    command runs one (the libraries' output then goes to its log), else on stderr."""
 
     def __init__(self, enabled: bool = True):
         self.enabled, self.start = enabled, time.perf_counter()
 
     def __call__(self, message: str) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        if console.active() is not None:
+            console.stage(message)
+        else:
             print(f"[kinfolk demo {time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
@@ -242,8 +248,8 @@ def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) 
     models = {name: family.models[name] for name in ("large_base", "large_instruct")}
     models.update({path.name: path for path in sorted((out / "models").iterdir())})
     results = {}
-    for name, path in models.items():
-        say(f"lm-eval: kinfolk_lab_* tasks on {name}")
+    say(f"lm-eval: kinfolk_lab_* tasks on {len(models)} models ({', '.join(models)})")
+    for name, path in console.bar(iterable=models.items(), total=len(models), desc="lm-eval", disable=not say.enabled):
         results[name] = evaluate_with_lm_eval(load_saved(path), tokenizer, limit=config.lm_eval_limit)
     return results
 
@@ -299,9 +305,9 @@ def run_demo(
     write_report(results, out)
     say(f"done: {out / REPORT_FILE}")
     if family.warning():
-        print(family.warning())
-    print(headline_table(results))
-    print(
+        console.show(family.warning())
+    console.show(headline_table(results))
+    console.show(
         "These numbers are one family and one run of each method: a reading of this run, not an effect. Effects "
         "are claimed only over 5 families, with intervals: docs/results.md."
     )

@@ -46,7 +46,9 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from kinfolk import console
 from kinfolk.atomic import atomic_directory, fingerprint, write_json
+from kinfolk.diskspace import check_free_space
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.skills import HELD_OUT, POOL_MIX, RETAINED, TARGET
@@ -387,7 +389,7 @@ def _refuse_if_failed(family: Family, allow_failed: bool) -> Family:
 
 def _say(message: str, progress: bool) -> None:
     if progress:
-        print(f"[kinfolk lab] {message}", file=sys.stderr, flush=True)
+        console.stage(message, "kinfolk lab")
 
 
 def build_family(
@@ -409,9 +411,23 @@ def build_family(
             _say(f"family found in the cache: {root}", progress)
             return _refuse_if_failed(cached, allow_failed)
         _say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+    else:
+        check_free_space(root, family_bytes(config), "the lab family's five models")
     with single_threaded():
         family = _build(config, root, progress, force)
     return _refuse_if_failed(family, allow_failed)
+
+
+def family_bytes(config: LabConfig) -> int:
+    """What a build writes, estimated from the shapes without allocating a weight: the fp32 parameters of the two
+    small models (base, instruct) and the three large ones (base, instruct, bracket)."""
+    tokenizer = build_lab_tokenizer()
+    sizes = {}
+    for shape in ("small_shape", "large_shape"):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(_model_config(getattr(config, shape), tokenizer))
+        sizes[shape] = 4 * sum(parameter.numel() for parameter in model.parameters())
+    return 2 * sizes["small_shape"] + 3 * sizes["large_shape"]
 
 
 def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family:
@@ -466,6 +482,11 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
             None,
         ),
     ]
+    trained = [
+        entry[0] for entry in plan if (_lineage(root / entry[0]) or {}).get("key") == config.model_key(entry[0])
+    ]
+    if trained and not force:
+        _say(f"resuming: {len(trained)} of {len(plan)} models trained earlier in {root}", progress)
     for name, init, data, steps, learning_rate, until in plan:
         start = time.perf_counter()
         family.steps[name] = _trained_or_reused(

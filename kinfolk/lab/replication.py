@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kinfolk import console
 from kinfolk.atomic import check_destination, write_json
 from kinfolk.lab.family import Family, LabConfig, build_family
 from kinfolk.stats import MIN_INTERVAL_UNITS, cluster_bootstrap_interval, sign_count, t_interval
@@ -132,6 +133,9 @@ def run_families(
     key = settings_key(settings)
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
+    done = [seed for seed in family_seeds if _record_key(out / FAMILIES_DIR / f"{seed}.json") == key]
+    if done:
+        _say(experiment, f"resuming: {len(done)} of {len(family_seeds)} families done earlier in {out}", progress)
     for seed in family_seeds:
         record_file = out / FAMILIES_DIR / f"{seed}.json"
         if record_file.exists():
@@ -195,7 +199,12 @@ def threshold_margins(records: list[dict[str, Any]]) -> dict[str, list[float]]:
 
 def _say(experiment: str, message: str, progress: bool) -> None:
     if progress:
-        print(f"[kinfolk lab experiment {experiment}] {message}", file=sys.stderr, flush=True)
+        console.stage(message, f"kinfolk lab experiment {experiment}")
+
+
+def _record_key(record_file: Path) -> str | None:
+    """The settings key of a finished family's record (None where there is none)."""
+    return json.loads(record_file.read_text()).get("settings_key") if record_file.exists() else None
 
 
 def cached_json(path: Path, compute: Callable[[], Any]) -> Any:

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 import transformers
-from tqdm.auto import tqdm
 
-from kinfolk import __version__
+from kinfolk import __version__, console
 from kinfolk.atomic import atomic_directory, check_destination, write_json
+from kinfolk.diskspace import check_free_space
 from kinfolk.errors import MergeError
 from kinfolk.plugins.adapt.checkpoint import PROVENANCE_FILE, SAFETENSORS_DTYPES, Checkpoint
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
@@ -124,11 +124,12 @@ def execute(plan: MergePlan, out: str | Path, overwrite: bool = False, progress:
     """Write every model of `plan` under `out` (refused if it exists, unless `overwrite`); returns `out`."""
     destination = check_destination(out, overwrite)
     total = sum(model.nbytes for model in plan.models)
+    check_free_space(destination, total, f"{len(plan.models)} model{'s' * (len(plan.models) > 1)}' tensors")
     background = _Background(plan.inputs)
     try:
         with (
             atomic_directory(destination, overwrite) as staging,
-            tqdm(total=total, unit="B", unit_scale=True, desc=f"merge {plan.op}", disable=not progress) as bar,
+            console.bar(total=total, unit="B", unit_scale=True, desc=f"merge {plan.op}", disable=not progress) as bar,
         ):
             for model in plan.models:
                 directory = staging / model.subdir

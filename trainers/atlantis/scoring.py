@@ -33,9 +33,9 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object, parse_flag_from_env
 from datasets import Dataset
-from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from kinfolk import console
 from kinfolk.atomic import fingerprint
 from kinfolk.errors import EmptyDatasetError, ScoringError, option, option_name
 from kinfolk.logprobs import label_log_probs, pad_right
@@ -323,15 +323,21 @@ def _score_chunks(
             pending.append(chunk)
         else:
             results.append((stored["rows"], stored["logprob"]))
+    if len(pending) < len(mine) and state.is_main_process:
+        cached_rows = sum(len(plan[chunk]) for chunk in mine if chunk not in pending)
+        console.stage(
+            f"resuming: {cached_rows:,} of {sum(len(plan[chunk]) for chunk in mine):,} rows scored with the "
+            f"{rows.role} model {rows.model_path} (from the score cache)",
+            "kinfolk score",
+        )
     if not pending:
         return results
-    logger.info("%s: %d of %d chunks cached, scoring %d", rows.role, len(mine) - len(pending), len(mine), len(pending))
     model = load_model(rows.model_path, config, state.device)
     _, autocast_dtype = resolve_precision(config.dtype, state.device)
     tokenizer = rows.tokenizer
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
     total = int(sum(rows.lengths[plan[chunk]].sum() for chunk in pending))
-    progress = tqdm(
+    progress = console.bar(
         total=total, unit="tok", unit_scale=True, desc=f"scoring {rows.role}", disable=not state.is_main_process
     )
     try:
