@@ -3,6 +3,8 @@ committed re-analyses checked by the protocol's own checker."""
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from kinfolk.lab.protocol import (
     PrimaryEndpoint,
     SelectionView,
     TestFieldAccess,
+    get_experiment,
 )
 from kinfolk.lab.protocol.analysis import correct, summarise
 from kinfolk.lab.protocol.plan import load_plan, sha256_of, write_plan
@@ -207,3 +210,19 @@ def test_adapt_concordance_null_is_one_half_without_the_pinned_variant():
     # equal depths are not ordered: only the 5-vs-8 pairs count here, both favour depth
     assert depth_concordance([5, 8, 8], [0.1, 0.2, 0.3]) == 1.0
     assert depth_concordance([8, 8], [0.1, 0.2]) is None
+
+
+@pytest.mark.parametrize("name", ["atlantis", "atlas", "adapt"])
+def test_committed_reanalysis_is_what_its_plan_and_records_give(name, tmp_path):
+    experiment = get_experiment(name)(results_dir=ROOT / "docs" / "results")
+    committed = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())
+    results = run_experiment(experiment, ROOT / "docs" / "results" / f"{name}.plan.json", tmp_path)
+    assert results["plan_sha256"] == committed["plan_sha256"]
+    assert json.loads(json.dumps(results["endpoints"])) == committed["endpoints"]
+
+
+def test_committed_results_pass_the_protocol_checker_strictly():
+    if not CHECK_RESULTS.exists():
+        pytest.skip("the protocol's checker is not here")
+    check = subprocess.run([sys.executable, CHECK_RESULTS, "--strict"], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stdout

@@ -75,6 +75,17 @@ class AtlasReanalysis(Reanalysis):
         "Trained at LAB_VERSION 3, under TRL's default bf16=True (CPU bf16 autocast) in lab_trainer.",
     )
 
+    def provenance(self) -> dict[str, Any]:
+        """Beside the unmeasured floor: per family, the smallest |test KL| any checkpoint measured (some are
+        negative, of order 1e-10: rounding). It bounds the code's noise from above only where a checkpoint's
+        adapter is near identity, so it is a hint about the floor, not the identity-adapter floor itself."""
+        smallest = []
+        for unit in self.units():
+            record = self.committed(unit)
+            kls = [p["test"]["kl"] for runs in record["runs"].values() for r in runs.values() for p in r["points"]]
+            smallest.append(min(abs(v) for v in kls))
+        return {**super().provenance(), "smallest_abs_test_kl_per_unit": smallest}
+
     def primaries(self) -> list[PrimaryEndpoint]:
         return [
             PrimaryEndpoint(
