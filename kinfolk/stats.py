@@ -159,7 +159,7 @@ def mean_interval(
 
 
 # ------------------------------------------------------------------------------------------ intervals over families
-MIN_INTERVAL_UNITS = 5  # LAB-PROTOCOL.md: fewer units than this get their values reported, never a "95 %" interval
+MIN_INTERVAL_UNITS = 5  # docs/protocol.md: fewer units than this get their values reported, never a "95 %" interval
 
 
 class TooFewUnits(ValueError):

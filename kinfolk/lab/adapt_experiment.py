@@ -1,4 +1,4 @@
-"""`kinfolk lab experiment adapt`: ADAPT as the paper runs it, over families (`../shared/LAB-PROTOCOL.md`).
+"""`kinfolk lab experiment adapt`: ADAPT as the paper runs it, over families (`docs/protocol.md`).
 
 The family (`adapt_family_config`) has an 8-layer teacher, so a student of every other layer plus the last
 (`{every: 2, last: 1}`: 5 layers, blocks [0, 2), [2, 4), [4, 6), [6, 7), [7, 8)) patches back through k = 0..5, four
@@ -51,8 +51,8 @@ from kinfolk.atomic import atomic_file, fingerprint
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.family import BRACKET_FORMAT, Family, LabConfig
+from kinfolk.lab.plots import plot_families
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
-from kinfolk.lab.report import plot_families
 from kinfolk.lab.skills import ALL_SKILLS, GRADED, GRADED_LENGTHS, HELD_OUT, RETAINED, TARGET
 from kinfolk.lab.tokenizer import MAX_LENGTH
 from kinfolk.lab.training import single_threaded

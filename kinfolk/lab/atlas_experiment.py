@@ -66,8 +66,8 @@ from datasets import Dataset
 
 from kinfolk.lab import corpus
 from kinfolk.lab.family import Family, LabConfig
+from kinfolk.lab.plots import plot_families
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
-from kinfolk.lab.report import plot_families
 from kinfolk.lab.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TARGET, answer_of, render
 from kinfolk.lab.tokenizer import MAX_LENGTH
 from kinfolk.lab.training import lab_trainer, save_model, single_threaded
