@@ -273,3 +273,15 @@ def test_demo_headline_claims_only_what_survives_holm_and_fits_100_columns():
     blocks = [line for line in text.splitlines() if not line.startswith(" ")]
     assert [b.split()[0] for b in blocks] == ["ATLANTIS", "ATLAS", "ADAPT", "ADAPT", "ADAPT"]  # one block per method
     assert "docs/results.md" in headline_table(_demo_results(), ROOT / "nowhere")  # no committed results at hand
+
+
+def test_the_lab_imports_no_command():
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "kinfolk" / "lab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("kinfolk.commands")]
+    assert offenders == []

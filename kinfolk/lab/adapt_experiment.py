@@ -3,7 +3,7 @@
 The family (`adapt_family_config`) has an 8-layer teacher, so a student of every other layer plus the last
 (`{every: 2, last: 1}`: 5 layers, blocks [0, 2), [2, 4), [4, 6), [6, 7), [7, 8)) patches back through k = 0..5, four
 intermediate models; its variants are also post-trained on graded reversal (2-6 letters), the routing task. Every
-distillation is `kinfolk distil` (`kinfolk.commands.distil.distil`): init-student, then the two phases of ADAPT §3.2
+distillation is `kinfolk distil`'s (`kinfolk.plugins.adapt.distillation.distil_student`): init-student, then the two phases of ADAPT §3.2
 under one schedule — the family's pre-training text (every token: CE, KL, block cosine) for `pretraining_fraction`
 of the steps, then the teacher's own SFT data (response tokens only) — and the delta. Per family, in the order the
 issue asks for (`stages`):
@@ -21,7 +21,7 @@ issue asks for (`stages`):
    (App. G) is reported beside the transfer's success.
 3. **routing** (at `steps`): the graded-reversal problems of the validation split (calibration) and test split
    answered by every size of the routing variant's distilled and weight-delta families; `kinfolk route`
-   (`kinfolk.commands.route.route`, difficulty = word length, cost = parameters × tokens) picks per length the
+   (`kinfolk.plugins.adapt.outcomes.route_outcomes`, difficulty = word length, cost = parameters × tokens) picks per length the
    smallest size that clears each threshold and measures the frontier on the test split against every fixed size.
 
 Endpoints (`declare_endpoints`, before any run): primary are the interpolation concordances (share of size pairs
@@ -132,7 +132,7 @@ class AdaptSettings:
     stages: list[str] = field(default_factory=lambda: list(STAGES), metadata={"help": "Stages to run, in order."})
 
     def __post_init__(self) -> None:
-        from kinfolk.commands.distil import layer_selection
+        from kinfolk.plugins.adapt.distillation import layer_selection
 
         layer_selection(self.layers)
         unknown = sorted(set(self.stages) - set(STAGES)) + sorted(set(self.orders) - set(ORDERS))
@@ -277,7 +277,7 @@ class AdaptFamily:
 
     def distilled(self, teacher: str, phases: str, steps: int) -> Path:
         """`kinfolk distil` of `teacher`'s student (`phases`, `steps`): its directory (init-student, distilled, delta)."""
-        from kinfolk.commands.distil import DistilArguments, distil
+        from kinfolk.plugins.adapt.distillation import distil_student
         from kinfolk.trainers import LayerDistillationConfig
 
         out = self.work / "distil" / f"{teacher}-{phases}-{steps}"
@@ -285,7 +285,6 @@ class AdaptFamily:
             return out
         self._say(f"distilling {teacher}'s student ({phases}, {steps} steps)")
         text, sft = self.training_data(teacher, phases, steps)
-        args = DistilArguments(teacher=str(self.teacher_dir(teacher)), out=str(out), layers=self.settings.layers)
         config = LayerDistillationConfig(
             output_dir=str(out / "training"),
             use_cpu=True,
@@ -304,13 +303,13 @@ class AdaptFamily:
             disable_tqdm=True,
             gradient_checkpointing=False,
         )
-        distil(args, config, pretraining=text, sft=sft)
+        distil_student(self.teacher_dir(teacher), out, self.settings.layers, config, pretraining=text, sft=sft)
         return out
 
     def init(self, variant: str) -> Path:
         """The variant's layer-dropped student before any training (`kinfolk merge init-student`)."""
-        from kinfolk.commands.distil import layer_selection
         from kinfolk.plugins.adapt import InitStudentConfig, merge
+        from kinfolk.plugins.adapt.distillation import layer_selection
 
         out = self.work / "init" / variant
         if not (out / "config.json").exists():
@@ -467,7 +466,7 @@ class AdaptFamily:
     def routing(self) -> dict[str, Any]:
         """`kinfolk route` over each routed family of the routing variant: the order with the better mean validation
         accuracy over sizes, every size answering graded reversals of the validation (calibration) and test splits."""
-        from kinfolk.commands.route import RouteArguments, route
+        from kinfolk.plugins.adapt.outcomes import route_outcomes
 
         variant, steps = self.settings.routing_variant, self.settings.steps
         seed, n = self.family.config.seed, self.settings.routing_problems
@@ -489,10 +488,10 @@ class AdaptFamily:
             outcomes_file = routing_dir.with_suffix(".outcomes.jsonl")
             with atomic_file(outcomes_file) as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in rows)
-            args = RouteArguments(outcomes=str(outcomes_file), out=str(routing_dir), overwrite=True,
-                                  models_dir=str(directory), thresholds=[round(t, 2) for t in np.linspace(0, 1, 51)],
-                                  policies=list(ROUTING_POLICIES))  # fmt: skip
-            result[method] = {"order": order, "out": str(routing_dir), **route(args)}
+            routed = route_outcomes(str(outcomes_file), routing_dir, overwrite=True, models_dir=str(directory),
+                                    thresholds=[round(t, 2) for t in np.linspace(0, 1, 51)],
+                                    policies=list(ROUTING_POLICIES))  # fmt: skip
+            result[method] = {"order": order, "out": str(routing_dir), **routed}
         return result
 
     def graded_outcomes(self, path: Path, problems: Dataset, format_index: int) -> list[dict[str, Any]]:
