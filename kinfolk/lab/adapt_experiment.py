@@ -51,7 +51,7 @@ from kinfolk.atomic import atomic_file, fingerprint
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.family import BRACKET_FORMAT, Family, LabConfig
-from kinfolk.lab.plots import plot_families
+from kinfolk.lab.plots import plot_families, save_figure
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
 from kinfolk.lab.skills import ALL_SKILLS, GRADED, GRADED_LENGTHS, HELD_OUT, RETAINED, TARGET
 from kinfolk.lab.tokenizer import MAX_LENGTH
@@ -709,11 +709,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> Path:
             axis.set_ylabel("test accuracy" if measure == "accuracy" else "KL(variant ‖ model), k < M")
             axis.set_title(f"{stage}: {variant} ({len(next(iter(lines.values())))} families)")
             axis.legend(fontsize=7)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def run_adapt(

@@ -66,7 +66,7 @@ from datasets import Dataset
 
 from kinfolk.lab import corpus
 from kinfolk.lab.family import Family, LabConfig
-from kinfolk.lab.plots import plot_families
+from kinfolk.lab.plots import plot_families, save_figure
 from kinfolk.lab.replication import Endpoint, cached_json, run_families, settings_key
 from kinfolk.lab.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TARGET, answer_of, render
 from kinfolk.lab.tokenizer import MAX_LENGTH
@@ -854,11 +854,7 @@ def plot_fronts(results: dict[str, Any], path: str | Path) -> Path:
             axis.set_xlabel("target gain, as a fraction of LoRA's (0: frozen, 1: LoRA's best)")
             axis.set_title(f"{target} ({len(entry['families'])} families)")
     axes[0][0].legend(fontsize=7)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path, dpi=110)
 
 
 def run_atlas(

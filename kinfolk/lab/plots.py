@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 
@@ -14,3 +16,14 @@ def plot_families(axis, x, values, colour: str, label: str, geometric: bool = Fa
     mean = np.exp(np.log(np.clip(values, 1e-12, None)).mean(axis=0)) if geometric else values.mean(axis=0)
     everywhere = ~np.isnan(values).any(axis=0)
     axis.plot(x[everywhere], mean[everywhere], color=colour, linewidth=2.2, label=label, **mean_style)
+
+
+def save_figure(figure, path, dpi: int = 100) -> Path:
+    """Lay out, write and close a matplotlib figure; returns the path written."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=dpi)
+    plt.close(figure)
+    return path

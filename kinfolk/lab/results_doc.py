@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file
+from kinfolk.lab.plots import save_figure
 
 RESULTS_DIR = Path("docs/results")
 RESULTS_PAGE = Path("docs/results.md")
@@ -111,17 +112,21 @@ def protocol_markdown(results: dict[str, Any]) -> str:
         "",
         *[f"- {note}" for note in results.get("notes", [])],
         "",
-        f"Primary endpoints ({len(primaries)}; {surviving} survive Holm's correction at 0.05; per-unit values are "
-        'paired differences unless the endpoint says otherwise; "favours" counts units on the method\'s side of '
-        "the null):",
-        "",
-        protocol_table(results, primary=True),
-        "",
-        "Exploratory (no test, no claim):",
-        "",
-        protocol_table(results, primary=False),
+        *_sections(
+            f"Primary endpoints ({len(primaries)}; {surviving} survive Holm's correction at 0.05; per-unit values "
+            'are paired differences unless the endpoint says otherwise; "favours" counts units on the method\'s '
+            "side of the null):",
+            protocol_table(results, primary=True),
+            "Exploratory (no test, no claim):",
+            protocol_table(results, primary=False),
+        ),
     ]
     return "\n".join(lines)
+
+
+def _sections(*titled: str) -> list[str]:
+    """Title, table, title, table, ... as the page's lines (a blank line after each)."""
+    return [line for part in titled for line in (part, "")][:-1]
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -143,13 +148,12 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"{_run_time(results)}.",
         "",
         *_margins_line(results),
-        "Primary endpoints (declared before the runs; per-family values are paired differences):",
-        "",
-        endpoint_table(results, primary=True),
-        "",
-        "Exploratory:",
-        "",
-        endpoint_table(results, primary=False),
+        *_sections(
+            "Primary endpoints (declared before the runs; per-family values are paired differences):",
+            endpoint_table(results, primary=True),
+            "Exploratory:",
+            endpoint_table(results, primary=False),
+        ),
     ]
     return "\n".join(lines)
 
@@ -212,11 +216,7 @@ def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
         axis.set_title(name + mark, fontsize=8, loc="left")
         axis.set_yticks([])
         axis.tick_params(labelsize=7)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def update_figures(results_dir: Path = RESULTS_DIR) -> list[Path]:
