@@ -302,7 +302,7 @@ def run_demo(
         print(family.warning())
     print(headline_table(results))
     print(
-        "These numbers are one family and one run of each method: a reading of this run, not an effect. Effects "
-        "are claimed only over 5 families, with intervals: docs/results.md."
+        "These numbers are one family and one run of each method: a reading of this run, not an effect. An effect "
+        "is claimed only where a primary endpoint over 5 families survives Holm's correction: docs/results.md."
     )
     return results
