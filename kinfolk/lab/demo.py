@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import check_destination, write_json
-from kinfolk.lab.adapt_experiment import AdaptSettings
+from kinfolk.lab.adapt import AdaptSettings
 from kinfolk.lab.atlantis_experiment import AtlantisSettings
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.family import Family, LabConfig, build_family
@@ -169,7 +169,7 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
 
 # ---------------------------------------------------------------------------------------------------- ATLAS
 def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
-    from kinfolk.lab.atlas_experiment import AtlasSettings, analyse_target, prepare, train_run
+    from kinfolk.lab.atlas import AtlasSettings, analyse_target, prepare, train_run
 
     tokenizer = family.tokenizer()
     settings = AtlasSettings(
@@ -221,7 +221,7 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
     patch --all both ways, delta-cosine) and `kinfolk route` over the instruct variant's families."""
     import shutil
 
-    from kinfolk.lab.adapt_experiment import adapt_family
+    from kinfolk.lab.adapt import adapt_family
 
     settings = config.adapt_settings()
     say(

@@ -101,7 +101,7 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     """ATLAS / LoRA retained KL at the ATLAS experiment's target levels (fractions of LoRA's gain over the frozen
     model's test score), or why there is none: where LoRA does not rise above the frozen score there is no level and
     no ratio, and a level ATLAS does not reach is reported as not reached. `short`: without the levels' definition."""
-    from kinfolk.lab.atlas_experiment import GAIN_LEVELS
+    from kinfolk.lab.atlas import GAIN_LEVELS
 
     analysis = results["atlas"].get("analysis", {})
     if "methods" not in analysis:
@@ -127,7 +127,6 @@ def target_matched_text(results: dict, short: bool = False) -> str:
 
 
 ADAPT_SHOWN = ("distilled", "weight-delta", "cross-patch")  # the methods of the headline and the plot
-ROUTED = ("distilled", "weight-delta")  # the routed families, as the ADAPT experiment names them
 
 
 def adapt_rows(results: dict) -> list[list[Any]]:
@@ -190,6 +189,8 @@ def _block(method: str, compared: str, lines: list[str]) -> str:
 def headline_table(results: dict, results_dir: Path | None = None) -> str:
     """Per method: what this one run measured against its baseline, and what the committed experiment over
     families says about that comparison. Each method is a block of lines no wider than `HEADLINE_WIDTH`."""
+    from kinfolk.lab.adapt import ROUTED
+
     retained, target, _ = _roles(results)
     atlantis = results["atlantis"]
     training = atlantis["run"]["cells"][atlantis["cell"]]["training"]

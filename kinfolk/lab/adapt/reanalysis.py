@@ -36,14 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from kinfolk.lab.adapt.settings import ORDERS, ROUTED
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.reanalysis import Reanalysis
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
-
-ORDERS = ("back-to-front", "front-to-back")
-ROUTED = ("distilled", "weight-delta")
 
 
 def depth_concordance(depths: Sequence[int], values: Sequence[float], higher_is_better: bool = True) -> float | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.reanalysis import Reanalysis
+from kinfolk.lab.protocol.reanalysis import Reanalysis, grid_key
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
 from kinfolk.stats import on_grid_edge
@@ -37,10 +37,6 @@ class AtlantisReanalysisSettings:
     temperatures: list[float] = field(
         default_factory=lambda: [0.5, 1.0, 2.0], metadata={"help": "The committed runs' temperature grid."}
     )
-
-
-def _key(temperature: float) -> str:
-    return f"{temperature:g}"
 
 
 class AtlantisReanalysis(Reanalysis):
@@ -105,7 +101,7 @@ class AtlantisReanalysis(Reanalysis):
                 by_temperature = view[cell][formula]["by_temperature"]
                 best = max(
                     self.settings.temperatures,
-                    key=lambda t: (by_temperature[_key(t)]["validation"]["mean"], -t),
+                    key=lambda t: (by_temperature[grid_key(t)]["validation"]["mean"], -t),
                 )
                 chosen[f"{cell}/{formula}"] = best
         return chosen
@@ -118,7 +114,7 @@ class AtlantisReanalysis(Reanalysis):
             uniform = training["uniform"]["test"]["mean"]
             for formula in self.settings.formulas:
                 temperature = selection[f"{cell}/{formula}"]
-                ours = training[formula]["by_temperature"][_key(temperature)]["test"]["mean"]
+                ours = training[formula]["by_temperature"][grid_key(temperature)]["test"]["mean"]
                 edge = on_grid_edge(temperature, grid)
                 values[f"{cell}/{formula} - uniform"] = EndpointValue(ours - uniform, ours, uniform, edge)
                 committed = training[formula]["test"]["mean"]

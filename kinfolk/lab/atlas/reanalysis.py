@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kinfolk.lab.atlas.fronts import floored_log
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.reanalysis import Reanalysis
+from kinfolk.lab.protocol.reanalysis import Reanalysis, grid_key
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
 from kinfolk.stats import on_grid_edge
@@ -49,14 +50,6 @@ class AtlasReanalysisSettings:
     )
     mid: float = field(default=0.5, metadata={"help": "The exploratory single mid level."})
     plateau: float = field(default=0.9, metadata={"help": "The exploratory single near-plateau level."})
-
-
-def _level_key(fraction: float) -> str:
-    return f"{fraction:g}"
-
-
-def _log(value: float) -> float:
-    return math.log(max(value, 1e-12))  # guards log(0) only: a trained checkpoint's KL is positive
 
 
 class AtlasReanalysis(Reanalysis):
@@ -178,7 +171,7 @@ class AtlasReanalysis(Reanalysis):
                     level = frozen + fraction * (lora_best - frozen)
                     reaching = [c for c in candidates if c[3] >= level - 1e-12]
                     best = min(reaching) if reaching else None
-                    chosen[target][method][_level_key(fraction)] = None if best is None else [best[1], best[2]]
+                    chosen[target][method][grid_key(fraction)] = None if best is None else [best[1], best[2]]
         return chosen
 
     def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
@@ -188,7 +181,7 @@ class AtlasReanalysis(Reanalysis):
             paper = record["test"]["paper_analysis"][target].get("methods", {})
 
             def test_point(method: str, fraction: float, runs=runs, chosen=chosen) -> dict[str, Any] | None:
-                pick = chosen[method][_level_key(fraction)]
+                pick = chosen[method][grid_key(fraction)]
                 if pick is None:
                     return None
                 name, step = pick
@@ -202,7 +195,7 @@ class AtlasReanalysis(Reanalysis):
                         if r["strength"] is not None:
                             grids["strength"].add(r["strength"])
                 for fraction in fractions:
-                    pick = chosen[method][_level_key(fraction)]
+                    pick = chosen[method][grid_key(fraction)]
                     if pick is None:
                         continue
                     run = runs[pick[0]]
@@ -218,8 +211,8 @@ class AtlasReanalysis(Reanalysis):
                 flagged = edge(method, fractions) or edge(baseline, fractions)
                 if any(p is None for p in [*ours, *theirs]):
                     return EndpointValue(None, grid_edge=flagged)
-                log_ours = sum(_log(p["kl"]) for p in ours) / len(ours)
-                log_theirs = sum(_log(p["kl"]) for p in theirs) / len(theirs)
+                log_ours = sum(floored_log(p["kl"]) for p in ours) / len(ours)
+                log_theirs = sum(floored_log(p["kl"]) for p in theirs) / len(theirs)
                 return EndpointValue(log_ours - log_theirs, math.exp(log_ours), math.exp(log_theirs), flagged)
 
             def score_gap(method: str, baseline: str) -> EndpointValue:

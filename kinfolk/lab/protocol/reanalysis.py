@@ -9,7 +9,6 @@ whatever those runs had.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,15 +18,9 @@ from kinfolk.lab.protocol.experiment import Experiment
 RESULTS_DIR = Path("docs/results")
 
 
-def records_commit(directory: Path) -> str | None:
-    """The last commit that changed the committed records (None outside a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "log", "-1", "--format=%H", "--", str(directory)], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
+def grid_key(value: float) -> str:
+    """How the committed records key a grid value (a temperature, a level): `1.0` -> `"1"`, `0.5` -> `"0.5"`."""
+    return f"{value:g}"
 
 
 class Reanalysis(Experiment):
