@@ -285,3 +285,14 @@ def test_the_lab_imports_no_command():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("kinfolk.commands")]
     assert offenders == []
+
+
+def test_no_installed_module_is_over_500_lines():
+    folders = ("kinfolk", "plugins", "trainers", "callbacks", "eval_tasks")
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}
