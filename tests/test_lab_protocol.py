@@ -296,3 +296,14 @@ def test_no_installed_module_is_over_500_lines():
         if (n := len(path.read_text().splitlines())) > 500
     }
     assert long == {}
+
+
+def test_no_atlas_ratio_is_computed_within_ten_times_a_floor():
+    experiment = get_experiment("atlas")(results_dir=ROOT / "docs" / "results")
+    record = experiment.load_run(0, 0)
+    selection = experiment.select(SelectionView(record))
+    unfloored = experiment.analyse(record, selection)["reverse/atlas vs lora: area"]
+    assert unfloored.defined and unfloored.method > 0  # geometric-mean test KLs stand beside the ratio
+    experiment.kl_floor = unfloored.method / 5  # ATLAS's KL lies within 10x of this floor
+    floored = experiment.analyse(record, selection)["reverse/atlas vs lora: area"]
+    assert floored.value is None and (floored.method, floored.baseline) == (unfloored.method, unfloored.baseline)

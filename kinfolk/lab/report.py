@@ -122,7 +122,8 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     fractions = " and ".join(f"{fraction:g}" for fraction in GAIN_LEVELS.values())
     return (
         f"{text} (levels at {fractions} of LoRA's gain from the frozen {analysis['frozen']:.2f} to its best "
-        f"{analysis['lora_best']:.2f}; each method's lowest KL among checkpoints reaching the level; one run each)"
+        f"{analysis['lora_best']:.2f}; each method's lowest KL among checkpoints reaching the level, chosen on test "
+        "scores: exploratory; one run each)"
     )
 
 

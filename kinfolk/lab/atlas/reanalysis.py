@@ -33,7 +33,7 @@ from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.reanalysis import Reanalysis, grid_key
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
-from kinfolk.stats import on_grid_edge
+from kinfolk.stats import on_grid_edge, ratio_allowed
 
 PRIMARY_PAIRS = (("atlas", "lora"), ("norm-matched", "lora"), ("atlas", "norm-matched"))
 OTHER_METHODS = ("corda", "plain", "centered", "lora+replay", "lora+output-kl")
@@ -67,6 +67,11 @@ class AtlasReanalysis(Reanalysis):
         "over families. The KL floor (identity adapter) was not measured: floor is null.",
         "Trained at LAB_VERSION 3, under TRL's default bf16=True (CPU bf16 autocast) in lab_trainer.",
     )
+
+    kl_floor: float | None = None  # the identity adapter's KL was not measured in these runs
+
+    def floor(self, endpoint: str) -> float | None:
+        return self.kl_floor
 
     def provenance(self) -> dict[str, Any]:
         """Beside the unmeasured floor: per family, the smallest |test KL| any checkpoint measured (some are
@@ -213,7 +218,10 @@ class AtlasReanalysis(Reanalysis):
                     return EndpointValue(None, grid_edge=flagged)
                 log_ours = sum(floored_log(p["kl"]) for p in ours) / len(ours)
                 log_theirs = sum(floored_log(p["kl"]) for p in theirs) / len(theirs)
-                return EndpointValue(log_ours - log_theirs, math.exp(log_ours), math.exp(log_theirs), flagged)
+                kl_ours, kl_theirs = math.exp(log_ours), math.exp(log_theirs)
+                if not ratio_allowed(kl_ours, kl_theirs, self.kl_floor):  # within 10x of the floor: no ratio
+                    return EndpointValue(None, kl_ours, kl_theirs, flagged)
+                return EndpointValue(log_ours - log_theirs, kl_ours, kl_theirs, flagged)
 
             def score_gap(method: str, baseline: str) -> EndpointValue:
                 ours = [test_point(method, f) for f in self.settings.levels]

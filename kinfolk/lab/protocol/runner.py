@@ -27,7 +27,7 @@ from kinfolk.lab.protocol.views import SelectionView
 
 def check_plan(experiment: Experiment, plan: Plan) -> None:
     """Refuse a plan that is not what the experiment would run (a changed grid, rule, unit or primary)."""
-    expected = experiment.plan(reanalysis=plan.reanalysis, runs_commit=plan.runs_commit, notes=plan.notes)
+    expected = experiment.plan(**experiment.plan_fields())
     differing = [f.name for f in dataclasses.fields(Plan) if getattr(expected, f.name) != getattr(plan, f.name)]
     if differing:
         raise PlanMismatch(
