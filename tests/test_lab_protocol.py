@@ -307,3 +307,15 @@ def test_no_atlas_ratio_is_computed_within_ten_times_a_floor():
     experiment.kl_floor = unfloored.method / 5  # ATLAS's KL lies within 10x of this floor
     floored = experiment.analyse(record, selection)["reverse/atlas vs lora: area"]
     assert floored.value is None and (floored.method, floored.baseline) == (unfloored.method, unfloored.baseline)
+
+
+def test_the_lab_docstring_names_only_modules_that_exist():
+    import re
+
+    import kinfolk.lab
+
+    named = set(re.findall(r"`([a-z_]+)`", kinfolk.lab.__doc__)) - {"build_family"}
+    lab = ROOT / "kinfolk" / "lab"
+    assert {n for n in named if not ((lab / f"{n}.py").exists() or (lab / n / "__init__.py").exists())} == set()
+    modules = {p.stem for p in lab.glob("*.py")} | {p.parent.name for p in lab.glob("*/__init__.py")}
+    assert modules - {"__init__"} <= named  # and every module is named
