@@ -3,7 +3,8 @@
 A selection stage (choosing a run, a learning rate, a temperature, a checkpoint, a patch order, a routing
 threshold) receives a `SelectionView`: the record with every field named like a test split (`test`, and any key
 in `hidden`) made unreachable. Reading one raises `TestFieldAccess`; nested mappings, sequences and dataclasses
-come back wrapped, so no path leads around it.
+come back wrapped, so no ordinary path (indexing, `.get`, `in`, attributes, iteration, slices) leads around it.
+It guards against reading test by mistake or by habit, not against deliberate introspection of its private slots.
 
 >>> view = SelectionView({"validation": {"score": 0.8}, "test": {"score": 0.7}, "runs": [{"test": 1}]})
 >>> view["validation"]["score"]
