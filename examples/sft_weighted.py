@@ -29,6 +29,8 @@ accelerate launch examples/sft_weighted.py \
 
 import argparse
 
+from kinfolk.process_group import end_process_group
+
 
 def main(script_args, training_args, model_args, dataset_args):
     from accelerate.logging import get_logger
@@ -101,3 +103,4 @@ if __name__ == "__main__":
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args, dataset_args)
+    end_process_group()  # every rank ends the same way (see kinfolk.process_group)

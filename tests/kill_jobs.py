@@ -109,3 +109,6 @@ if __name__ == "__main__":
     if rest and rest[0] == "--kill":
         install_kill(rest[1], rest[2], int(rest[3]), rest[4] if len(rest) > 4 else None)
     JOBS[job](arguments)
+    from kinfolk.process_group import end_process_group
+
+    end_process_group()  # the 2-process `sft` job: no rank dies in the interpreter's teardown of gloo

@@ -257,3 +257,22 @@ def test_a_killed_default_run_loses_at_most_a_small_fraction(tiny_kit, tmp_path,
     print(json.dumps({"rows": len(dataset), "kill_after_rows": kill_points, "rows_lost": lost}))
     assert max(lost["token-sized chunks (default)"]) <= len(dataset) / 32
     assert max(lost["1024-row chunks (before)"]) > len(dataset) / 10  # what the old default lost at the same points
+
+
+def test_a_launched_verb_that_succeeded_ends_its_process_group(tmp_path):
+    """`kinfolk.commands.run` destroys the default process group after a successful call, and not after a failure
+    (a barrier would wait for ranks that are gone): a rank must not leave gloo's threads to the interpreter's exit."""
+    import torch.distributed as dist
+
+    from kinfolk.commands import run
+    from kinfolk.errors import InputError
+
+    def bad_input():
+        raise InputError("no such row")
+
+    for call, code, alive_after in ((bad_input, 2, True), (lambda: 0, 0, False)):
+        if not dist.is_initialized():
+            store = dist.FileStore(str(tmp_path / "store"), 1)
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        assert run("kinfolk test", call) == code
+        assert dist.is_initialized() is alive_after

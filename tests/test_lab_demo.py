@@ -1,9 +1,13 @@
 """`kinfolk demo --quick` end to end: the report's numbers are the artefacts' numbers."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from peft import AutoPeftModelForCausalLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -11,6 +15,25 @@ from kinfolk.commands.demo import main
 from kinfolk.lab.atlantis_experiment import accuracy
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.report import headline_table
+
+FRESH_ACCURACY = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from kinfolk.lab.atlantis_experiment import accuracy
+path, n, seed, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(threads)
+model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+print(json.dumps(accuracy(model, tokenizer, n, seed, "test")))
+"""
+
+
+def accuracy_in_a_fresh_process(model_dir: Path, n: int, seed: int, threads: int) -> dict[str, float]:
+    environment = os.environ | {"OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_ACCURACY, str(model_dir), str(n), str(seed), str(threads)],
+        capture_output=True, text=True, env=environment, timeout=600, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -29,10 +52,19 @@ def test_quick_demo_report_matches_its_saved_models(tmp_path, lab_cache_dir, cap
     cell, formula = results["atlantis"]["cell"], results["config"]["atlantis_formula"]
     tokenizer = AutoTokenizer.from_pretrained(out / "models" / f"atlantis-{cell}-{formula}-T1")
 
-    # ATLANTIS: the weighted model's reported accuracy is a recomputation from its saved weights
-    weighted = AutoModelForCausalLM.from_pretrained(out / "models" / f"atlantis-{cell}-{formula}-T1")
+    # ATLANTIS: the weighted model's reported accuracy is a recomputation from its saved weights, under one and two
+    # threads here and in a fresh process (nothing else that ran in this one can matter)
+    weighted_dir = out / "models" / f"atlantis-{cell}-{formula}-T1"
+    weighted = AutoModelForCausalLM.from_pretrained(weighted_dir)
     reported = results["atlantis"]["run"]["cells"][cell]["training"][formula]
-    assert accuracy(weighted, tokenizer, n, seed, "test") == reported["test"]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert accuracy(weighted, tokenizer, n, seed, "test") == reported["test"], f"{threads} threads"
+    finally:
+        torch.set_num_threads(before)
+    assert accuracy_in_a_fresh_process(weighted_dir, n, seed, threads=2) == reported["test"]
     assert f"| {formula} (T = 1) | {reported['validation']['mean']:.2f} |" in report
     # ATLAS: the saved adapter reloads (the plugin type is registered) and gives the reported scores
     atlas = AutoPeftModelForCausalLM.from_pretrained(out / "models" / "atlas")

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from kinfolk import __version__
 from kinfolk.errors import InputError
+from kinfolk.process_group import end_process_group
 
 # verb -> (module with `main(argv) -> int`, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -70,11 +71,15 @@ def one_line(error: BaseException) -> str:
 def run(prog: str, call: Callable[[], int | None], debug: bool = False) -> int:
     """Run a verb under the exit-code rule: its return code (0 for None); bad input → one line on stderr and 2.
 
-    Other exceptions propagate: the process ends with Python's traceback and exit code 1.
+    Other exceptions propagate: the process ends with Python's traceback and exit code 1. A launched process (one
+    rank of `kinfolk sft` or `kinfolk distil`) that succeeded ends its process group before it returns.
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        return int(call() or 0)
+        code = int(call() or 0)
+        if code == 0:
+            end_process_group()
+        return code
     except (InputError, FileNotFoundError) as error:
         if debug:
             raise

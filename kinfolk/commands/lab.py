@@ -22,6 +22,12 @@ class BuildArguments:
         default=None, metadata={"help": "Cache root (default ~/.cache/kinfolk/lab or KINFOLK_LAB_CACHE)."}
     )
     force: bool = field(default=False, metadata={"help": "Retrain even when the cache holds the family."})
+    record_digests: bool = field(
+        default=False,
+        metadata={
+            "help": "Maintainers, in a checkout: document this build's weight digests (kinfolk/lab/digests.json)."
+        },
+    )
 
 
 @dataclass
@@ -48,6 +54,7 @@ class ExperimentArguments:
 
 def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
+    from kinfolk.lab.digests import check_family, record_family
     from kinfolk.lab.family import LabConfig, build_family
 
     config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
@@ -55,6 +62,10 @@ def build(argv: list[str]) -> int:
     family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
     print(family.summary())
     print(f"family directory: {family.root} ({time.perf_counter() - start:.0f} s)")
+    key = config.cache_key()
+    if args.record_digests:
+        record_family(key, family.models, f"kinfolk lab build{' --quick' * args.quick} --seed {args.seed}")
+    print(check_family(key, family.models).line())
     return 0 if family.passed else 1
 
 

@@ -4,6 +4,10 @@ Three numbers per skill: `accuracy` (the correct answer in the preferred format:
 `answer_accuracy` (the correct answer in any format) and `preferred_format` (share of responses in the preferred
 format, right or wrong).
 
+A score is a function of the model's weights alone: decoding runs on one thread (the thread count changes float
+reductions, and a greedy answer can hang on a near tie) and refuses a model whose forward still carries a
+mixed-precision wrapper from training (accelerate's autocast would score other numbers than the saved weights give).
+
 >>> from kinfolk.lab.skills import SKILLS
 >>> score_responses(SKILLS["add"], ["12+30=", "1+1="], ["42", "[2]"])
 {'accuracy': 0.5, 'answer_accuracy': 1.0, 'preferred_format': 0.5}
@@ -15,6 +19,7 @@ import torch
 
 from kinfolk.lab.corpus import eval_problems
 from kinfolk.lab.skills import ALL_SKILLS, SKILLS, Skill, answer_of, render
+from kinfolk.lab.training import single_threaded
 
 MAX_NEW_TOKENS = 10
 
@@ -22,18 +27,27 @@ MAX_NEW_TOKENS = 10
 @torch.inference_mode()
 def _new_tokens(model, tokenizer, prompts: list[str], batch_size: int, **generate_options) -> list[torch.Tensor]:
     """The tokens `model.generate` adds after each prompt (left-padded batches; train mode and padding restored)."""
+    if getattr(model, "_original_forward", None) is not None:
+        raise ValueError(
+            "the model's forward is wrapped for mixed precision (accelerate's autocast, left by a Trainer with "
+            "bf16/fp16): its scores would not be those of its weights; train with bf16=False or score the saved model"
+        )
     was_training = model.training
     model.eval()
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     rows = []
     try:
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
-            batch = batch.to(next(model.parameters()).device)
-            output = model.generate(
-                **batch, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **generate_options
-            )
-            rows.extend(output[:, batch["input_ids"].shape[1] :])
+        with single_threaded():
+            for start in range(0, len(prompts), batch_size):
+                batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+                batch = batch.to(next(model.parameters()).device)
+                output = model.generate(
+                    **batch,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                    **generate_options,
+                )
+                rows.extend(output[:, batch["input_ids"].shape[1] :])
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)

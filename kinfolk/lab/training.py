@@ -3,8 +3,9 @@ experiment's distillations run through `kinfolk distil`, `kinfolk.commands.disti
 
 Every model of the family and every run of the demo goes through `lab_trainer`, so they share one recipe:
 AdamW, cosine schedule with a short warm-up, prompt tokens down-weighted (`prompt_loss_weight`), sequences of at
-most the tokenizer's 64 characters, no checkpoints (the budgets are minutes), a fixed seed. Builds and
-experiments run inside `single_threaded()`, so a seed gives the same bits whatever the machine's load.
+most the tokenizer's 64 characters, no checkpoints (the budgets are minutes), a fixed seed, fp32 (no CPU bf16
+autocast). Builds, experiments and every evaluation run inside `single_threaded()`, so a seed gives the same bits
+whatever the machine's load, and a saved model gives the same scores in any process.
 
 >>> import torch
 >>> with single_threaded():
@@ -103,6 +104,10 @@ def lab_trainer(
 
     if isinstance(model, (str, Path)):
         model = AutoModelForCausalLM.from_pretrained(model)
+    # fp32 unless asked otherwise: TRL's default bf16=True trains under CPU bf16 autocast, whose bits depend on the
+    # CPU's bf16 support, and leaves the autocast wrapper on the trained model, so numbers measured in memory would
+    # not be those of the saved weights
+    options = {"bf16": False} | config_overrides
     args = WeightedSFTConfig(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -121,7 +126,7 @@ def lab_trainer(
         data_seed=seed,
         disable_tqdm=not progress,
         gradient_checkpointing=False,  # TRL turns it on by default; on models this small it only costs time
-        **config_overrides,
+        **options,
     )
     return WeightedSFTTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, retained_dataset=retained_dataset

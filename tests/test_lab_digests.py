@@ -1,0 +1,77 @@
+"""Documented families: weight digests per key, and what `kinfolk lab build` says about a build."""
+
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from kinfolk.lab import digests
+from kinfolk.lab.digests import Machine, check_family, record_family, weight_digest
+
+
+def _save(folder, tensors, metadata=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata=metadata)
+    return folder
+
+
+def test_the_digest_is_of_the_tensors_not_of_the_file(tmp_path):
+    a, b = torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.ones(4, dtype=torch.bfloat16)
+    first = _save(tmp_path / "first", {"a": a, "b": b})
+    second = _save(tmp_path / "second", {"b": b, "a": a}, metadata={"format": "pt", "note": "other metadata"})
+    expected = hashlib.sha256()
+    for name, tensor in (("a", a), ("b", b)):  # by hand: sorted names, each with dtype, shape and raw bytes
+        expected.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        expected.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    assert weight_digest(first) == weight_digest(second) == expected.hexdigest()
+    flipped = a.clone()
+    flipped.view(-1).view(torch.int32)[0] ^= 1  # one bit of one weight
+    assert weight_digest(_save(tmp_path / "third", {"a": flipped, "b": b})) != expected.hexdigest()
+
+
+def test_a_build_is_checked_against_the_documented_digests_of_its_key(tmp_path, monkeypatch):
+    models = {name: _save(tmp_path / name, {"w": torch.full((3,), float(i))}) for i, name in enumerate(("x", "y"))}
+    file = tmp_path / "digests.json"
+    record_family("k1", models, "kinfolk lab build --seed 0", file)
+    here = json.loads(file.read_text())["k1"]["machine"]
+    assert here == {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cpu": Machine.here().cpu}  # fmt: skip
+    same = check_family("k1", models, file)
+    assert same.matches is True and "match the documented digests" in same.line()
+
+    _save(models["y"], {"w": torch.full((3,), 7.0)})  # as another CPU kind would train it
+    monkeypatch.setattr(Machine, "here", classmethod(lambda cls: replace(same.machine, cpu_capability="AVX2")))
+    other = check_family("k1", models, file)
+    assert other.matches is False and other.differing == ["y"]
+    assert f"on {same.machine.cpu_capability}; here torch {torch.__version__} on AVX2" in other.line()
+
+    assert check_family("unknown-key", models, file).matches is None
+
+
+def test_committed_digests_name_their_machine_and_every_model():
+    from kinfolk.lab.family import MODELS
+
+    documented = digests.documented_families()
+    assert documented, "kinfolk/lab/digests.json documents at least the default family"
+    for key, family in documented.items():
+        assert sorted(family.models) == sorted(MODELS), key
+        assert family.machine.cpu_capability and family.machine.torch, key
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quick-lab-family")  # reuses the quick family the demo test builds
+def test_lab_build_says_how_the_build_compares_with_the_documented_family(lab_cache_dir, capsys):
+    from kinfolk.commands import main
+    from kinfolk.lab.family import LabConfig
+
+    key = LabConfig.quick_config(seed=0).cache_key()
+    assert key in digests.documented_families()  # the quick family CI builds is documented
+    main(["lab", "build", "--quick", "--cache_dir", str(lab_cache_dir)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # which of the two depends on the CPU kind and torch build, by design; either names the key and says which
+    assert last == f"family {key}: every model's weights match the documented digests bit for bit" or (
+        last.startswith(f"family {key}: ") and "differ from the documented digests" in last
+    )
