@@ -319,3 +319,14 @@ def test_the_lab_docstring_names_only_modules_that_exist():
     assert {n for n in named if not ((lab / f"{n}.py").exists() or (lab / n / "__init__.py").exists())} == set()
     modules = {p.stem for p in lab.glob("*.py")} | {p.parent.name for p in lab.glob("*/__init__.py")}
     assert modules - {"__init__"} <= named  # and every module is named
+
+
+def test_protocol_command_plans_refuses_to_replace_a_plan_and_names_unknown_experiments(tmp_path, capsys):
+    from kinfolk.lab.protocol.__main__ import main
+
+    committed = ROOT / "docs" / "results" / "atlantis.plan.json"
+    (tmp_path / "atlantis.plan.json").write_bytes(committed.read_bytes())
+    assert main(["plan", "atlantis", "--results", str(tmp_path)]) == 0  # the same plan: kept, not rewritten
+    assert (tmp_path / "atlantis.plan.json").read_bytes() == committed.read_bytes()
+    assert main(["analyse", "sideways"]) == 2
+    assert "unknown experiment 'sideways'" in capsys.readouterr().err
