@@ -159,7 +159,7 @@ def mean_interval(
 
 
 # ------------------------------------------------------------------------------------------ intervals over families
-MIN_INTERVAL_UNITS = 5  # LAB-PROTOCOL.md: fewer units than this get their values reported, never a "95 %" interval
+MIN_INTERVAL_UNITS = 5  # docs/protocol.md: fewer units than this get their values reported, never a "95 %" interval
 
 
 class TooFewUnits(ValueError):
@@ -291,3 +291,68 @@ def sign_count(values: Sequence[float] | np.ndarray, higher_is_better: bool = Tr
     """
     x = np.asarray(values, dtype=np.float64)
     return int(np.sum(x > 0) if higher_is_better else np.sum(x < 0))
+
+
+# ------------------------------------------------------------------------------------------ tests and corrections
+def one_sample_t_p(values: Sequence[float] | np.ndarray, null: float = 0.0) -> float:
+    """Two-sided p-value of a one-sample t-test of per-unit values against `null` (n − 1 degrees of freedom).
+
+    With no spread the test is degenerate: p is 1 when the mean equals `null` and 0 otherwise (the convention the
+    protocol's checker uses).
+
+    >>> round(one_sample_t_p([0.21, 0.25, 0.19, 0.30, 0.22]), 5)
+    0.00026
+    """
+    x = np.asarray(values, dtype=np.float64)
+    if x.size < 2:
+        raise TooFewUnits(f"a t-test from {x.size} units")
+    standard_error = float(x.std(ddof=1)) / math.sqrt(x.size)
+    shift = float(x.mean()) - null
+    if standard_error == 0.0:
+        return 1.0 if shift == 0.0 else 0.0
+    t = shift / standard_error
+    df = x.size - 1
+    return _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))  # both tails, without 1 − cdf's rounding
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order: the k-th smallest is multiplied by (m − k + 1),
+    made non-decreasing along the order, and capped at 1.
+
+    >>> holm([0.01, 0.04, 0.03])
+    [0.03, 0.06, 0.06]
+    """
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[index]))
+        adjusted[index] = round(running, 12)
+    return adjusted
+
+
+FLOOR_FACTOR = 10.0  # a ratio needs both of its values at least this many times the measured floor
+
+
+def ratio_allowed(method: float, baseline: float, floor: float | None) -> bool:
+    """Whether a ratio of two measured values may be computed: both must lie at least `FLOOR_FACTOR` times above the
+    measured floor (for a divergence: an identity adapter's value under the same code and contexts). With no
+    measured floor (None) the question cannot be answered here, and the ratio is allowed but must say so.
+
+    >>> ratio_allowed(1e-3, 2e-3, 1e-5), ratio_allowed(1e-3, 5e-5, 1e-5), ratio_allowed(1e-3, 5e-5, None)
+    (True, False, True)
+    """
+    if floor is None:
+        return True
+    return min(method, baseline) >= FLOOR_FACTOR * floor
+
+
+def on_grid_edge(value: float, grid: Sequence[float]) -> bool:
+    """Whether a selected value is the smallest or the largest of its grid (a one-point grid has no edge to
+    extend, so it is not flagged).
+
+    >>> on_grid_edge(0.03, [0.001, 0.003, 0.01, 0.03]), on_grid_edge(0.01, [0.001, 0.003, 0.01, 0.03])
+    (True, False)
+    """
+    if len(grid) < 2:
+        return False
+    return value <= min(grid) or value >= max(grid)

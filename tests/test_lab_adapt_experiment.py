@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from kinfolk.lab.adapt_experiment import (
+from kinfolk.lab.adapt import (
     METHODS,
     AdaptFamily,
     AdaptSettings,
@@ -43,7 +43,7 @@ def experiment(tmp_path_factory):
     results = run_adapt(root / "out", [0], SETTINGS, family_overrides=MICRO_ADAPT, cache_dir=root / "cache",
                         progress=False)  # fmt: skip
     record = json.loads((root / "out" / "families" / "0.json").read_text())
-    from kinfolk.lab.adapt_experiment import adapt_family_config
+    from kinfolk.lab.adapt import adapt_family_config
     from kinfolk.lab.family import build_family
 
     family = build_family(adapt_family_config(0, **MICRO_ADAPT), cache_dir=root / "cache", progress=False)

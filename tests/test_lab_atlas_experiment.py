@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from kinfolk.lab import atlas_experiment
-from kinfolk.lab.atlas_experiment import (
+from kinfolk.lab.atlas import (
     AtlasSettings,
     analyse_target,
     declare_endpoints,
@@ -19,6 +18,8 @@ from kinfolk.lab.atlas_experiment import (
     plot_fronts,
     select_runs,
 )
+from kinfolk.lab.atlas import experiment as atlas_experiment
+from kinfolk.lab.atlas import runs as atlas_runs
 
 
 def _point(step, validation, test, forgot=0, norms=(1.0, 0.5)):
@@ -175,14 +176,14 @@ def micro_family(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def context(micro_family):
-    return atlas_experiment.prepare(micro_family, SMALL)
+    return atlas_runs.prepare(micro_family, SMALL)
 
 
 @pytest.mark.parametrize("method", ["corda", "atlas", "lora"])
 def test_a_fresh_adapter_measures_as_the_frozen_model(context, method):
     # CorDA rewrites the base weight (W - B A) and starts at W again: measured against the original W, nothing moved
-    model = atlas_experiment.build_adapter(context, method, seed=0)
-    point = atlas_experiment.measure(context, "reverse", model, step=0)
+    model = atlas_runs.build_adapter(context, method, seed=0)
+    point = atlas_runs.measure(context, "reverse", model, step=0)
     for split in ("validation", "test"):
         assert point[split]["kl"] == pytest.approx(0.0, abs=1e-6)
         assert point[split]["target"] == context.frozen_score("reverse", split)
@@ -197,7 +198,7 @@ def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
 
     from kinfolk.lab.evaluate import generate_responses
 
-    run = atlas_experiment.train_run(context, "reverse", "lora", 0.05, keep_model=tmp_path / "lora")
+    run = atlas_runs.train_run(context, "reverse", "lora", 0.05, keep_model=tmp_path / "lora")
     assert [p["step"] for p in run["points"]] == [2, 4]
     last = run["points"][-1]
     frozen = context.family.load("large_base").eval()
@@ -214,12 +215,12 @@ def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
     assert last["test"]["kl"] == pytest.approx(total / tokens, rel=1e-4)
     problems = context.problems["test"]["reverse"]
     responses = generate_responses(model, context.tokenizer, problems["prompt"])
-    assert last["test"]["target"] == atlas_experiment.accuracy(problems, responses)
+    assert last["test"]["target"] == atlas_runs.accuracy(problems, responses)
     # the update on retained tokens: scale · B A h, h the o_proj input (the adapter sits after it, so it is frozen's)
-    layer = atlas_experiment._tuner_layer(model)
+    layer = atlas_runs._tuner_layer(model)
     A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     inputs = []
-    with atlas_experiment._module_io(frozen.get_submodule(f"model.layers.{context.layer}.self_attn.o_proj")) as seen:
+    with atlas_runs._module_io(frozen.get_submodule(f"model.layers.{context.layer}.self_attn.o_proj")) as seen:
         for batch in context.kl["test"][0]:
             frozen(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             inputs.append(seen[-1][0][batch["attention_mask"].bool()])

@@ -27,6 +27,8 @@ SIDEWAYS = {
     ("kinfolk.trainers.layer_distillation_trainer", "kinfolk.plugins.adapt.layer_map"): "ADAPT's distillation aligns "
     "each student layer with the teacher block that ADAPT's layer map names",
     ("kinfolk.callbacks", "kinfolk.eval_tasks"): "measurement: the lm-eval callback runs kinfolk's own tasks",
+    ("kinfolk.plugins.adapt.distillation", "kinfolk.trainers"): "ADAPT's distillation runs the layer-distillation "
+    "trainer between its init-student and delta merges",
 }
 
 

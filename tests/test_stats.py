@@ -126,3 +126,17 @@ def test_auc_counts_ordered_pairs_by_hand():
     assert auc(scores, positive) == pytest.approx(expected)
     assert auc([1, 2, 3], [False, False, True]) == 1.0
     assert np.isnan(auc([1, 2], [True, True]))
+
+
+def test_one_sample_t_p_holm_floor_and_grid_edge_by_hand():
+    from kinfolk.stats import holm, on_grid_edge, one_sample_t_p, ratio_allowed
+
+    # [1, 2, 3, 4, 5] against 2: t = (3 - 2) / (sqrt(2.5) / sqrt(5)) = 1.41421 on 4 df -> p = 0.2301996 (scipy)
+    assert one_sample_t_p([1.0, 2.0, 3.0, 4.0, 5.0], null=2.0) == pytest.approx(0.2301996, abs=1e-7)
+    assert one_sample_t_p([0.5] * 5, null=0.5) == 1.0 and one_sample_t_p([0.7] * 5, null=0.5) == 0.0
+    # Holm: sorted 0.01, 0.02, 0.04 -> 3 x 0.01 = 0.03, 2 x 0.02 = 0.04, 1 x 0.04 = 0.04; capped at 1
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
+    assert ratio_allowed(1e-4, 1e-3, 1e-5) and not ratio_allowed(9e-5, 1e-3, 1e-5)
+    assert on_grid_edge(0.5, [0.5, 1.0, 2.0]) and not on_grid_edge(1.0, [0.5, 1.0, 2.0])
+    assert not on_grid_edge(1.0, [1.0])

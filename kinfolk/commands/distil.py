@@ -1,7 +1,7 @@
 """`kinfolk distil`: ADAPT's distillation from a teacher and a layer selection to a distilled student and its delta.
 
-One command for the three steps the ADAPT pipeline runs per teacher (the merges of `kinfolk merge` around the
-`LayerDistillationTrainer` of `kinfolk.trainers`), written under `--out`:
+One command for the three steps the ADAPT pipeline runs per teacher (`kinfolk.plugins.adapt.distillation`: the
+merges of `kinfolk merge` around the `LayerDistillationTrainer` of `kinfolk.trainers`), written under `--out`:
 
     OUT/init-student/   `kinfolk merge init-student`: the teacher's layers of `--layers` (default: every other
                         layer and the last, as the paper), embeddings, norm and head; the layer map beside it
@@ -29,25 +29,21 @@ those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merg
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from kinfolk import console
-from kinfolk.atomic import check_destination, clean_dead_staging, publish, staging_path
+from kinfolk.atomic import check_destination
 from kinfolk.commands.launching import check_launch_arguments, check_resume_checkpoint, launch, remove_tree
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, LayerMapError
 from kinfolk.interrupt import keep
-from kinfolk.plugins.adapt.layer_map import LayerSelection
+from kinfolk.plugins.adapt.distillation import DELTA, DISTILLED, INIT, TRAINING, distil_student, layer_selection
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
 PROG = "kinfolk distil"
-INIT, TRAINING, DISTILLED, DELTA = "init-student", "training", "distilled", "delta"
 
 
 @dataclass
@@ -75,17 +71,6 @@ class DistilArguments:
     verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: OUT/run.log)."})
 
 
-def layer_selection(layers: str | dict) -> LayerSelection:
-    """`--layers` as a `LayerSelection` (a YAML mapping on the command line, a mapping in `--config`)."""
-    try:
-        values = yaml.safe_load(layers) if isinstance(layers, str) else layers
-    except yaml.YAMLError as error:
-        raise LayerMapError(f"--layers {layers!r} is not valid YAML ({' '.join(str(error).split())})") from None
-    if not isinstance(values, dict):
-        raise LayerMapError(f"--layers expects a mapping such as '{{every: 2, last: 1}}', got {layers!r}")
-    return LayerSelection.from_dict(values)
-
-
 def make_parser() -> VerbParser:
     return VerbParser((DistilArguments, LayerDistillationConfig), prog=PROG, description=__doc__.split("\n\n")[0])
 
@@ -100,66 +85,9 @@ def load_phases(args: DistilArguments):
 
 
 def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretraining=None, sft=None) -> Path:
-    """init-student → distillation on `pretraining` then `sft` (datasets; either may be None for one phase) →
-    delta, under `args.out`, on every process of a launch (the merges and the final rename on the main one);
-    returns the distilled student's directory. The command reads the datasets with `load_phases`."""
-    from accelerate import PartialState
-    from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from kinfolk.plugins.adapt import DeltaConfig, InitStudentConfig, merge
-    from kinfolk.trainers import LayerDistillationTrainer
-
-    if pretraining is None and sft is None:
-        raise InputError("distil needs pre-training or SFT data (or both)")
-    state = PartialState()
-    out = Path(args.out)
-    init, distilled = out / INIT, out / DISTILLED
-    if state.is_main_process and not (init / "config.json").exists():
-        config = InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers))
-        merge(config, init, overwrite=True, progress=False)
-    state.wait_for_everyone()
-
-    if sft is None:  # one phase of pre-training text: trained as the first phase is, on every token
-        sft, pretraining = pretraining, None
-        training_args.completion_only_loss = False
-    training_args.output_dir = str(out / TRAINING)
-    trainer = LayerDistillationTrainer(
-        model=str(init),
-        teacher_model=args.teacher,
-        args=training_args,
-        train_dataset=sft,
-        pretraining_dataset=pretraining,
-        processing_class=AutoTokenizer.from_pretrained(init),
-    )
-    resume = training_args.resume_from_checkpoint
-    if resume is not None and not (isinstance(resume, str) and Path(resume).is_dir()):  # "true": this --out's last
-        resume = get_last_checkpoint(training_args.output_dir)
-    trainer.train(resume_from_checkpoint=resume)
-    staging = _shared_staging(distilled, state)
-    trainer.save_model(str(staging))  # every process takes part (sharded weights are gathered); the main one writes
-    state.wait_for_everyone()
-    if state.is_main_process:  # the distilled student, then its delta (written last: the run is complete)
-        publish(staging, distilled)
-        if staging.exists():  # after an exchange: the distilled student of an earlier run
-            shutil.rmtree(staging)
-        merge(DeltaConfig(init=str(init), distilled=str(distilled)), out / DELTA, overwrite=True, progress=False)
-    state.wait_for_everyone()
-    trainer.end()
-    return distilled
-
-
-def _shared_staging(destination: Path, state) -> Path:
-    """The main process's staging sibling of `destination` (`kinfolk.atomic.staging_path`), known to every process."""
-    from accelerate.utils import broadcast_object_list
-
-    name = [None]
-    if state.is_main_process:
-        clean_dead_staging(destination.parent, destination.name)  # what a run killed while saving left
-        name = [str(staging_path(destination))]
-    if state.num_processes > 1:
-        broadcast_object_list(name, from_process=0)
-    return Path(name[0])
+    """`kinfolk.plugins.adapt.distillation.distil_student` with this verb's arguments; the command reads the
+    datasets with `load_phases`."""
+    return distil_student(args.teacher, args.out, args.layers, training_args, pretraining, sft)
 
 
 def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:

@@ -1,6 +1,6 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas_experiment`, `adapt`:
-`kinfolk.lab.adapt_experiment`, each with its settings dataclass's options).
+families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas`, `adapt`:
+`kinfolk.lab.adapt`, each with its settings dataclass's options).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
 """
@@ -82,8 +82,8 @@ def build(argv: list[str]) -> int:
 # experiment -> (module, its settings dataclass, its runner): the experiments on the families runner
 EXPERIMENTS = {
     "atlantis": ("kinfolk.lab.atlantis_experiment", "AtlantisSettings", "run_atlantis"),
-    "atlas": ("kinfolk.lab.atlas_experiment", "AtlasSettings", "run_atlas"),
-    "adapt": ("kinfolk.lab.adapt_experiment", "AdaptSettings", "run_adapt"),
+    "atlas": ("kinfolk.lab.atlas", "AtlasSettings", "run_atlas"),
+    "adapt": ("kinfolk.lab.adapt", "AdaptSettings", "run_adapt"),
 }
 
 

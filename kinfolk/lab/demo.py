@@ -34,7 +34,7 @@ import numpy as np
 
 from kinfolk import console
 from kinfolk.atomic import check_destination, write_json
-from kinfolk.lab.adapt_experiment import AdaptSettings
+from kinfolk.lab.adapt import AdaptSettings
 from kinfolk.lab.atlantis_experiment import AtlantisSettings
 from kinfolk.lab.evaluate import skill_scores
 from kinfolk.lab.family import Family, LabConfig, build_family
@@ -175,7 +175,7 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
 
 # ---------------------------------------------------------------------------------------------------- ATLAS
 def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
-    from kinfolk.lab.atlas_experiment import AtlasSettings, analyse_target, prepare, train_run
+    from kinfolk.lab.atlas import AtlasSettings, analyse_target, prepare, train_run
 
     tokenizer = family.tokenizer()
     settings = AtlasSettings(
@@ -227,7 +227,7 @@ def adapt_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
     patch --all both ways, delta-cosine) and `kinfolk route` over the instruct variant's families."""
     import shutil
 
-    from kinfolk.lab.adapt_experiment import adapt_family
+    from kinfolk.lab.adapt import adapt_family
 
     settings = config.adapt_settings()
     say(
@@ -308,7 +308,7 @@ def run_demo(
         console.show(family.warning())
     console.show(headline_table(results))
     console.show(
-        "These numbers are one family and one run of each method: a reading of this run, not an effect. Effects "
-        "are claimed only over 5 families, with intervals: docs/results.md."
+        "These numbers are one family and one run of each method: a reading of this run, not an effect. An effect "
+        "is claimed only where a primary endpoint over 5 families survives Holm's correction: docs/results.md."
     )
     return results

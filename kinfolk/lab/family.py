@@ -34,9 +34,7 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,15 +44,14 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from kinfolk import console
 from kinfolk.atomic import atomic_directory, fingerprint, write_json
 from kinfolk.diskspace import check_free_space
 from kinfolk.lab import corpus
 from kinfolk.lab.evaluate import skill_scores
+from kinfolk.lab.members import fresh_model, lineage, model_config, say, train, trained_or_reused
 from kinfolk.lab.skills import HELD_OUT, POOL_MIX, RETAINED, TARGET
-from kinfolk.lab.tokenizer import MAX_LENGTH, build_lab_tokenizer
-from kinfolk.lab.training import StopWhenLearned, lab_trainer, save_model, single_threaded
-from kinfolk.testing.models import tiny_config
+from kinfolk.lab.tokenizer import build_lab_tokenizer
+from kinfolk.lab.training import single_threaded
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +59,6 @@ logger = logging.getLogger(__name__)
 # 4: training in fp32 (versions 1-3 trained under TRL's default CPU bf16 autocast).
 LAB_VERSION = 4
 FAMILY_FILE = "family.json"
-LINEAGE_FILE = "lineage.json"  # in each model directory: its model key and the steps it was trained for
 MODELS = ("small_base", "large_base", "small_instruct", "large_instruct", "large_bracket")
 PARENTS = {"small_instruct": "small_base", "large_instruct": "large_base", "large_bracket": "large_base"}
 # The config fields each model's weights depend on, besides the seed and its parent (both bases read the same
@@ -303,57 +299,6 @@ class Family:
         return "\n".join(lines)
 
 
-def _model_config(shape: dict, tokenizer):
-    heads = 4
-    return tiny_config(
-        "llama",
-        vocab_size=len(tokenizer),
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=shape["hidden_size"] // heads,
-        initializer_range=0.02,
-        max_position_embeddings=MAX_LENGTH,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        **shape,
-    )
-
-
-def train(
-    model,
-    dataset: Dataset,
-    tokenizer,
-    out: Path,
-    steps: int,
-    learning_rate: float,
-    config: LabConfig,
-    progress: bool = True,
-    until: dict | None = None,
-) -> int:
-    """Train one family member with the lab's recipe (`training.lab_trainer`), at most `steps` steps or until the
-    `until` rule holds (`StopWhenLearned`), and save it atomically to `out`; returns the steps trained."""
-    with tempfile.TemporaryDirectory() as scratch:
-        trainer = lab_trainer(
-            model,
-            dataset,
-            tokenizer,
-            scratch,
-            steps,
-            learning_rate,
-            batch_size=config.batch_size,
-            prompt_loss_weight=config.prompt_loss_weight,
-            seed=config.seed,
-            progress=progress,
-        )
-        if until:
-            report = (lambda message: _say(message, True)) if progress else None
-            trainer.add_callback(StopWhenLearned(tokenizer, seed=config.seed, report=report, **until))
-        trainer.train()
-    save_model(trainer.model, tokenizer, out)
-    return trainer.state.global_step
-
-
 class FamilyBelowThreshold(RuntimeError):
     """A built family missed a threshold: its post-trained models did not learn what the lab relies on."""
 
@@ -387,11 +332,6 @@ def _refuse_if_failed(family: Family, allow_failed: bool) -> Family:
     )
 
 
-def _say(message: str, progress: bool) -> None:
-    if progress:
-        console.stage(message, "kinfolk lab")
-
-
 def build_family(
     config: LabConfig | None = None,
     cache_dir: str | Path | None = None,
@@ -408,9 +348,9 @@ def build_family(
     if summary_file.exists() and not force:
         cached = load_family(root)
         if cached.config == config:
-            _say(f"family found in the cache: {root}", progress)
+            say(f"family found in the cache: {root}", progress)
             return _refuse_if_failed(cached, allow_failed)
-        _say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+        say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
     else:
         check_free_space(root, family_bytes(config), "the lab family's five models")
     with single_threaded():
@@ -425,7 +365,7 @@ def family_bytes(config: LabConfig) -> int:
     sizes = {}
     for shape in ("small_shape", "large_shape"):
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(_model_config(getattr(config, shape), tokenizer))
+            model = AutoModelForCausalLM.from_config(model_config(getattr(config, shape), tokenizer))
         sizes[shape] = 4 * sum(parameter.numel() for parameter in model.parameters())
     return 2 * sizes["small_shape"] + 3 * sizes["large_shape"]
 
@@ -443,7 +383,7 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
     plan = [
         (
             "small_base",
-            lambda: _fresh(config.small_shape, tokenizer, config.seed),
+            lambda: fresh_model(config.small_shape, tokenizer, config.seed),
             pretraining,
             config.small_pretrain_steps,
             config.learning_rate,
@@ -451,7 +391,7 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
         ),
         (
             "large_base",
-            lambda: _fresh(config.large_shape, tokenizer, config.seed),
+            lambda: fresh_model(config.large_shape, tokenizer, config.seed),
             pretraining,
             config.large_pretrain_steps,
             config.learning_rate,
@@ -482,14 +422,12 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
             None,
         ),
     ]
-    trained = [
-        entry[0] for entry in plan if (_lineage(root / entry[0]) or {}).get("key") == config.model_key(entry[0])
-    ]
+    trained = [entry[0] for entry in plan if (lineage(root / entry[0]) or {}).get("key") == config.model_key(entry[0])]
     if trained and not force:
-        _say(f"resuming: {len(trained)} of {len(plan)} models trained earlier in {root}", progress)
+        say(f"resuming: {len(trained)} of {len(plan)} models trained earlier in {root}", progress)
     for name, init, data, steps, learning_rate, until in plan:
         start = time.perf_counter()
-        family.steps[name] = _trained_or_reused(
+        family.steps[name] = trained_or_reused(
             root,
             name,
             config,
@@ -501,7 +439,7 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
         model = AutoModelForCausalLM.from_pretrained(root / name)
         family.scores[name] = skill_scores(model, tokenizer, n=config.eval_problems, seed=config.seed)
         family.build_seconds[name] = round(time.perf_counter() - start, 1)
-        _say(
+        say(
             f"{name}: "
             + ", ".join(f"{s} {v['accuracy']:.2f}/{v['answer_accuracy']:.2f}" for s, v in family.scores[name].items())
             + " (accuracy/answer accuracy)",
@@ -521,49 +459,6 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
         },
     )
     return family
-
-
-def _lineage(model_dir: Path) -> dict | None:
-    path = model_dir / LINEAGE_FILE
-    return json.loads(path.read_text()) if path.exists() and (model_dir / "config.json").exists() else None
-
-
-def _trained_or_reused(
-    root: Path, name: str, config: LabConfig, force: bool, progress: bool, train_it, budget: str
-) -> int:
-    """`name`'s model in `root`: already there, copied from another family of the cache with the same model key,
-    or trained now (`train_it() -> steps`); returns the steps it was trained for."""
-    key = config.model_key(name)
-    here = _lineage(root / name)
-    if here and here["key"] == key and not force:
-        return here["steps"]
-    twin = (
-        None
-        if force
-        else next(
-            (
-                d / name
-                for d in sorted(root.parent.iterdir())
-                if d != root and (_lineage(d / name) or {}).get("key") == key
-            ),
-            None,
-        )
-    )
-    if twin is not None:
-        _say(f"{name}: the same model (key {key}) is in {twin.parent.name}; copying it", progress)
-        with atomic_directory(root / name, overwrite=True) as staging:
-            shutil.copytree(twin, staging, dirs_exist_ok=True)
-        return _lineage(twin)["steps"]
-    _say(f"training {name}: {budget}", progress)
-    steps = train_it()
-    write_json(root / name / LINEAGE_FILE, {"key": key, "steps": steps})
-    return steps
-
-
-def _fresh(shape: dict, tokenizer, seed: int) -> PreTrainedModel:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(_model_config(shape, tokenizer), dtype=torch.float32)
 
 
 def load_family(root: str | Path) -> Family:

@@ -1,4 +1,4 @@
-"""Running a lab experiment over families, the protocol's unit of replication (`../shared/LAB-PROTOCOL.md`).
+"""Running a lab experiment over families, the protocol's unit of replication (`docs/protocol.md`).
 
 An experiment declares its endpoints (`Endpoint`: a name, whether it is primary, its baseline, its direction and
 how to read its per-run values from one family's record) before anything runs, then `run_families` builds (or

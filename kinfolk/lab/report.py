@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +101,7 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     """ATLAS / LoRA retained KL at the ATLAS experiment's target levels (fractions of LoRA's gain over the frozen
     model's test score), or why there is none: where LoRA does not rise above the frozen score there is no level and
     no ratio, and a level ATLAS does not reach is reported as not reached. `short`: without the levels' definition."""
-    from kinfolk.lab.atlas_experiment import GAIN_LEVELS
+    from kinfolk.lab.atlas import GAIN_LEVELS
 
     analysis = results["atlas"].get("analysis", {})
     if "methods" not in analysis:
@@ -120,7 +122,8 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     fractions = " and ".join(f"{fraction:g}" for fraction in GAIN_LEVELS.values())
     return (
         f"{text} (levels at {fractions} of LoRA's gain from the frozen {analysis['frozen']:.2f} to its best "
-        f"{analysis['lora_best']:.2f}; each method's lowest KL among checkpoints reaching the level; one run each)"
+        f"{analysis['lora_best']:.2f}; each method's lowest KL among checkpoints reaching the level, chosen on test "
+        "scores: exploratory; one run each)"
     )
 
 
@@ -151,54 +154,88 @@ def lm_eval_rows(results: dict) -> list[list[Any]]:
     return [[name, *per_task.values()] for name, per_task in results["lm_eval"].items()]
 
 
-def headline_table(results: dict) -> str:
-    """One line per method: the number each method is about, against its baseline, on this one run."""
+HEADLINE_WIDTH = 100  # a terminal's columns: each method's block wraps to it
+
+
+def evidence(experiment: str, endpoint: str, results_dir: Path | None = None) -> str:
+    """What the committed 5-family results say about `endpoint`: shown only where the primary survives Holm,
+    otherwise "not significant after correction", with the interval either way; exploratory endpoints claim
+    nothing. Without the committed results (an installed package) it points to docs/results.md."""
+    from kinfolk.lab.results_doc import RESULTS_DIR
+
+    path = (results_dir or RESULTS_DIR) / f"{experiment}.json"
+    if not path.exists():
+        return "evidence over families: docs/results.md"
+    entry = json.loads(path.read_text())["endpoints"].get(endpoint)
+    if entry is None or not entry.get("ci95"):
+        return "evidence over families: docs/results.md"
+    span = f"{entry['mean']:+.3f} [{entry['ci95'][0]:+.3f}, {entry['ci95'][1]:+.3f}]"
+    units = f"{len(entry['per_unit'])} families, {endpoint}"
+    if not entry["primary"]:
+        return f"{units}: {span}, exploratory (no claim)"
+    if entry["survives_holm"]:
+        return f"{units}: shown, {span}, Holm-adjusted p {entry['p_holm']:.3g}"
+    return f"{units}: not significant after correction, {span}"
+
+
+def _block(method: str, compared: str, lines: list[str]) -> str:
+    """One method's headline: its comparison on the first line, then each line wrapped to `HEADLINE_WIDTH`."""
+    indent = " " * 4
+    wrapped = [f"{method}  {compared}"]
+    for line in lines:
+        wrapped += textwrap.wrap(line, HEADLINE_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return "\n".join(wrapped)
+
+
+def headline_table(results: dict, results_dir: Path | None = None) -> str:
+    """Per method: what this one run measured against its baseline, and what the committed experiment over
+    families says about that comparison. Each method is a block of lines no wider than `HEADLINE_WIDTH`."""
+    from kinfolk.lab.adapt import ROUTED
+
     retained, target, _ = _roles(results)
     atlantis = results["atlantis"]
     training = atlantis["run"]["cells"][atlantis["cell"]]["training"]
     formula = atlantis["settings"]["formulas"][0]
     oracle = f", oracle {training['oracle']['test']['mean']:.2f}" if training["oracle"] else ""
     t = {row[0]: row for row in atlas_rows(results)}
-    rows = [
-        [
+    blocks = [
+        _block(
             "ATLANTIS",
             f"uniform SFT -> {formula} weights (pool {atlantis['cell']}; 1 family)",
-            f"{retained}+{target} test accuracy, preferred format",
-            f"{training['uniform']['test']['mean']:.2f} -> {training[formula]['test']['mean']:.2f} "
-            f"(same weights permuted {training[formula + '-permuted']['test']['mean']:.2f}{oracle})",
-        ],
-        [
+            [
+                f"{retained}+{target} test accuracy, preferred format: {training['uniform']['test']['mean']:.2f} -> "
+                f"{training[formula]['test']['mean']:.2f} (same weights permuted "
+                f"{training[formula + '-permuted']['test']['mean']:.2f}{oracle})",
+                evidence("atlantis", f"{atlantis['cell']}/{formula} - uniform", results_dir),
+            ],
+        ),
+        _block(
             "ATLAS",
             "LoRA -> ATLAS (1 family, 1 run)",
-            f"{target} accuracy / retained KL",
-            f"{t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / {t['atlas'][5]:.4f}"
-            + f" ({target_matched_text(results, short=True)})",
-        ],
+            [
+                f"{target} accuracy / retained KL: {t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / "
+                f"{t['atlas'][5]:.4f} ({target_matched_text(results, short=True)})",
+                evidence("atlas", f"{target}/atlas vs lora: area", results_dir),
+            ],
+        ),
     ]
     for variant, entry in results["adapt"]["transfer"].items():
         smallest = {method: entry["curves"][method]["chosen"][0]["test"]["mean"] for method in ADAPT_SHOWN}
-        rows.append(
-            [
+        blocks.append(
+            _block(
                 "ADAPT",
                 f"{variant}: cross-patch -> weight-delta (smallest size; distilled)",
-                f"{retained}+{target} accuracy, own format",
-                f"{smallest['cross-patch']:.2f} -> {smallest['weight-delta']:.2f} ({smallest['distilled']:.2f})",
-            ]
+                [
+                    f"{retained}+{target} accuracy, own format: {smallest['cross-patch']:.2f} -> "
+                    f"{smallest['weight-delta']:.2f} ({smallest['distilled']:.2f})",
+                    evidence("adapt", "transfer: weight-delta - cross-patch", results_dir),
+                ],
+            )
         )
-    rows.append(["ADAPT", "fixed sizes -> routing by length", "graded reversal", adapt_routing_text(results)])
-    width = [max(len(str(row[i])) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)) for row in rows)
-
-
-def plot_families(axis, x, values, colour: str, label: str, geometric: bool = False, **mean_style) -> None:
-    """One measure of every family against `x`: each family's curve thin, their mean thick (geometric with
-    `geometric`, for a log axis), the mean only where every family has a value (NaN: none)."""
-    x, values = np.asarray(x), np.asarray(values, dtype=float)
-    for curve in values:
-        axis.plot(x, curve, color=colour, linewidth=0.6, alpha=0.35)
-    mean = np.exp(np.log(np.clip(values, 1e-12, None)).mean(axis=0)) if geometric else values.mean(axis=0)
-    everywhere = ~np.isnan(values).any(axis=0)
-    axis.plot(x[everywhere], mean[everywhere], color=colour, linewidth=2.2, label=label, **mean_style)
+    routing = [f"graded reversal: {adapt_routing_text(results)}"]
+    routing += [evidence("adapt", f"routing/{m}: routed - best fixed at no more cost", results_dir) for m in ROUTED]
+    blocks.append(_block("ADAPT", "fixed sizes -> routing by length", routing))
+    return "\n".join(blocks)
 
 
 def write_plots(results: dict, out: Path) -> list[str]:

@@ -1,0 +1,53 @@
+"""The lab's experiment framework: the protocol (`docs/protocol.md`) built into the code.
+
+`plan` (committed plans and their hashes), `views` (records with the test split unreachable), `records` (typed,
+versioned per-run records), `experiment` (the `Experiment` contract: settings, endpoints, selection and analysis
+stages), `analysis` (intervals, tests and Holm over units) and `runner` (the stages over units and runs,
+resumable, refusing runs of another plan). `EXPERIMENTS` lists every experiment, by name, as the import path of its
+class, so listing them imports nothing heavy:
+
+>>> sorted(EXPERIMENTS)
+['adapt', 'atlantis', 'atlas']
+>>> get_experiment("atlas").name
+'atlas'
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.plan import MAX_PRIMARIES, Plan, PlanError, PlanMismatch, PrimaryEndpoint
+from kinfolk.lab.protocol.records import EndpointValue, RunRecord
+from kinfolk.lab.protocol.views import SelectionView, TestFieldAccess
+
+EXPERIMENTS: dict[str, str] = {
+    "atlantis": "kinfolk.lab.atlantis.reanalysis:AtlantisReanalysis",
+    "atlas": "kinfolk.lab.atlas.reanalysis:AtlasReanalysis",
+    "adapt": "kinfolk.lab.adapt.reanalysis:AdaptReanalysis",
+}
+
+
+def get_experiment(name: str) -> type[Experiment]:
+    """The experiment class registered under `name`."""
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}: {', '.join(sorted(EXPERIMENTS))}")
+    module, attribute = EXPERIMENTS[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+__all__ = [
+    "EXPERIMENTS",
+    "MAX_PRIMARIES",
+    "EndpointValue",
+    "Experiment",
+    "ExploratoryEndpoint",
+    "Plan",
+    "PlanError",
+    "PlanMismatch",
+    "PrimaryEndpoint",
+    "RunRecord",
+    "SelectionView",
+    "TestFieldAccess",
+    "get_experiment",
+]

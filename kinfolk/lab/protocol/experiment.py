@@ -1,0 +1,103 @@
+"""The contract every lab experiment (and every real-checkpoint experiment) follows.
+
+An `Experiment` has a typed settings dataclass, declares its primary endpoints (at most six, `PrimaryEndpoint`)
+and its exploratory ones, and splits its work into two stages:
+
+- `select(view)`: every choice a reported number depends on, made from a `SelectionView` of one run's raw record,
+  which has no test fields (reading one raises `TestFieldAccess`). It returns the choices as plain JSON.
+- `analyse(record, selection)`: the full record and those choices in; each endpoint's `EndpointValue` out (the
+  test numbers of what was selected, with their absolute values and grid-edge flags).
+
+`load_run(unit, run)` produces the raw record of one run of one unit (training it, or, for a re-analysis, reading
+the committed one). `kinfolk.lab.protocol.runner` drives the stages over the plan's units and runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from kinfolk.lab.protocol.plan import Plan, PrimaryEndpoint
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.views import SelectionView
+
+
+@dataclass(frozen=True)
+class ExploratoryEndpoint:
+    """An endpoint reported with its interval but never tested or claimed (no p-value, no correction)."""
+
+    name: str
+    description: str
+    baseline: str | None = None
+    direction: Literal["higher", "lower"] = "higher"
+    null: float = 0.0
+
+
+class Experiment(ABC):
+    """One experiment version. Subclasses set `name`, `version`, `unit_kind`, `settings_class` and implement the
+    stages; `plan()` writes down what the runner will hold them to."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    unit_kind: ClassVar[Literal["family", "seed"]] = "family"
+    settings_class: ClassVar[type]
+
+    def __init__(self, settings: Any | None = None) -> None:
+        self.settings = settings if settings is not None else self.settings_class()
+
+    @abstractmethod
+    def primaries(self) -> list[PrimaryEndpoint]:
+        """The declared primary endpoints, in the plan's order."""
+
+    def exploratory(self) -> list[ExploratoryEndpoint]:
+        return []
+
+    @abstractmethod
+    def units(self) -> list[int]: ...
+
+    def runs_per_unit(self) -> int:
+        return 1
+
+    @abstractmethod
+    def selection_rules(self) -> dict[str, str]:
+        """In words, per choice: the split it is made on and the rule."""
+
+    @abstractmethod
+    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
+        """The raw record of one run of one unit."""
+
+    @abstractmethod
+    def select(self, view: SelectionView) -> dict[str, Any]:
+        """Every choice, from the validation (or calibration) view of one run's record."""
+
+    @abstractmethod
+    def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
+        """The endpoints' values for one run, from its full record and its selection."""
+
+    def floor(self, endpoint: str) -> float | None:
+        """The measured floor under a ratio endpoint (None: not a ratio, or not measured; the results say which)."""
+        return None
+
+    def provenance(self) -> dict[str, Any]:
+        """Extra top-level keys of the results (the commit of the analysed runs, notes)."""
+        return {}
+
+    def plan_fields(self) -> dict[str, Any]:
+        """The plan's fields beyond what the experiment declares (`reanalysis`, `runs_commit`, `notes`)."""
+        return {}
+
+    def plan(self, **fields: Any) -> Plan:
+        return Plan(
+            experiment=self.name,
+            version=self.version,
+            unit_kind=self.unit_kind,
+            units=self.units(),
+            runs_per_unit=self.runs_per_unit(),
+            primaries=self.primaries(),
+            selection=self.selection_rules(),
+            settings=dataclasses.asdict(self.settings),
+            **fields,
+        )

@@ -1,0 +1,332 @@
+"""The lab's experiment framework: selection that cannot see test, plans before runs, resumable runs, and the
+committed re-analyses checked by the protocol's own checker."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kinfolk.lab.protocol import (
+    EndpointValue,
+    Experiment,
+    Plan,
+    PlanError,
+    PlanMismatch,
+    PrimaryEndpoint,
+    SelectionView,
+    TestFieldAccess,
+    get_experiment,
+)
+from kinfolk.lab.protocol.analysis import correct, summarise
+from kinfolk.lab.protocol.plan import load_plan, sha256_of, write_plan
+from kinfolk.lab.protocol.runner import run_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK_RESULTS = ROOT.parent / "shared" / "tools" / "check_results.py"
+if not CHECK_RESULTS.exists():
+    CHECK_RESULTS = Path("/work/shared/tools/check_results.py")
+
+RECORD = {"runs": [{"lr": 0.1, "validation": 0.5, "test": 0.9}, {"lr": 0.3, "validation": 0.7, "test": 0.2}]}
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda v: v["runs"][0]["test"],
+        lambda v: v["runs"][0].get("test"),
+        lambda v: "test" in v["runs"][1],
+        lambda v: v["runs"][0].test,
+        lambda v: getattr(v["runs"][0], "test", None),
+        lambda v: [r["test"] for r in v["runs"][:1]],
+    ],
+)
+def test_a_selection_that_reads_a_test_field_fails(read):
+    with pytest.raises(TestFieldAccess, match="test field 'test'"):
+        read(SelectionView(RECORD))
+
+
+def test_the_view_shows_everything_else_and_cannot_be_changed():
+    view = SelectionView(RECORD)
+    assert max(view["runs"], key=lambda r: r["validation"])["lr"] == 0.3
+    assert sorted(view["runs"][0]) == ["lr", "validation"] and len(view["runs"][0]) == 2
+    assert "test" not in dict(view["runs"][0].items())  # iterating lists no hidden field
+    with pytest.raises(TypeError):
+        view.runs = []  # type: ignore[misc]
+
+    @dataclasses.dataclass
+    class Split:
+        validation: float
+        test: float
+
+    typed = SelectionView({"split": Split(0.4, 0.8)})
+    assert typed["split"].validation == 0.4
+    with pytest.raises(TestFieldAccess):
+        typed["split"].test  # noqa: B018
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySettings:
+    grid: list[float] = dataclasses.field(default_factory=lambda: [0.1, 0.3])
+
+
+class Toy(Experiment):
+    """Five units, two runs each: pick the run's lr on validation, report test minus a baseline of 0.5."""
+
+    name, version, settings_class = "toy", "1", ToySettings
+
+    def __init__(self, peek: bool = False):
+        super().__init__()
+        self.peek, self.loaded = peek, []
+
+    def primaries(self):
+        return [PrimaryEndpoint("gain", "test score minus 0.5", "half", "higher")]
+
+    def units(self):
+        return [0, 1, 2, 3, 4]
+
+    def runs_per_unit(self):
+        return 2
+
+    def selection_rules(self):
+        return {"lr": "highest validation score"}
+
+    def load_run(self, unit, run):
+        self.loaded.append((unit, run))
+        shift = 0.01 * unit + 0.001 * run
+        return {"runs": [{"lr": 0.1, "validation": 0.5, "test": 0.6 + shift}, {"lr": 0.3, "validation": 0.7,
+                                                                                  "test": 0.7 + shift}]}  # fmt: skip
+
+    def select(self, view):
+        runs = view["runs"]
+        if self.peek:
+            return {"index": max(range(len(runs)), key=lambda i: runs[i]["test"])}
+        return {"index": max(range(len(runs)), key=lambda i: runs[i]["validation"])}
+
+    def analyse(self, record, selection):
+        test = record["runs"][selection["index"]]["test"]
+        return {"gain": EndpointValue(test - 0.5, test, 0.5, grid_edge=selection["index"] in (0, 1))}
+
+
+def _plan(tmp_path, experiment) -> Path:
+    path = tmp_path / "toy.plan.json"
+    write_plan(experiment.plan(), path)
+    return path
+
+
+def test_runner_resumes_per_run_and_reports_the_selected_test_numbers(tmp_path):
+    toy = Toy()
+    plan = _plan(tmp_path, toy)
+    results = run_experiment(toy, plan, tmp_path / "work")
+    assert len(toy.loaded) == 10
+    entry = results["endpoints"]["gain"]
+    assert entry["per_unit"] == pytest.approx([0.2005, 0.2105, 0.2205, 0.2305, 0.2405])  # mean of the two runs
+    assert results["plan_sha256"] == sha256_of(plan) and results["runs_per_unit"] == 2
+    assert entry["favours_method"] == 5 and entry["survives_holm"] and entry["grid_edge"]
+    again = Toy()
+    assert run_experiment(again, plan, tmp_path / "work") == results and again.loaded == []  # read back
+
+
+def test_a_selection_peeking_at_test_stops_the_runner(tmp_path):
+    toy = Toy(peek=True)
+    with pytest.raises(TestFieldAccess):
+        run_experiment(toy, _plan(tmp_path, toy), tmp_path / "work")
+
+
+def test_runs_of_another_plan_are_refused(tmp_path):
+    toy = Toy()
+    plan = _plan(tmp_path, toy)
+    run_experiment(toy, plan, tmp_path / "work")
+    digest = sha256_of(plan)
+    record = tmp_path / "work" / "toy" / digest[:16] / "3" / "1.json"
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "plan_sha256": "0" * 64}))  # a run started under another plan
+    with pytest.raises(PlanMismatch, match="another plan"):
+        run_experiment(Toy(), plan, tmp_path / "work")
+
+
+def test_a_plan_that_is_not_the_experiment_is_refused(tmp_path):
+    toy = Toy()
+    path = tmp_path / "toy.plan.json"
+    changed = dataclasses.replace(toy.plan(), selection={"lr": "highest test score"})
+    path.write_text(changed.to_json())
+    with pytest.raises(PlanMismatch, match="selection"):
+        run_experiment(toy, path, tmp_path / "work")
+    with pytest.raises(PlanMismatch, match="new version"):
+        write_plan(toy.plan(), path)  # a committed plan is never rewritten
+
+
+def test_a_plan_holds_at_most_six_primaries_and_hashes_its_bytes(tmp_path):
+    endpoints = [PrimaryEndpoint(f"e{i}", "d", "b", "higher") for i in range(7)]
+    with pytest.raises(PlanError, match="7 primaries"):
+        Plan("x", "1", "family", [0], 1, endpoints, {})
+    plan = Plan("x", "1", "family", [0], 1, endpoints[:6], {"a": "b"})
+    path = tmp_path / "x.plan.json"
+    digest = write_plan(plan, path)
+    import hashlib
+
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert load_plan(path) == (plan, digest)
+
+
+def test_summary_and_holm_against_hand_computed_values():
+    # per-unit values 1..5 against null 0: mean 3, sd sqrt(2.5), se 0.70711, t = 4.2426 on 4 df -> p = 0.0132356
+    # (scipy.stats.ttest_1samp); t_0.975,4 = 2.776445, half-width 1.963243
+    endpoint = PrimaryEndpoint("a", "d", "b", "higher")
+    entry = summarise(endpoint, [[EndpointValue(v)] for v in (1.0, 2.0, 3.0, 4.0, 5.0)], primary=True)
+    assert entry["p"] == pytest.approx(0.0132356, abs=1e-7)
+    assert entry["ci95"] == pytest.approx([3 - 1.963243, 3 + 1.963243], abs=1e-6)
+    other = summarise(endpoint, [[EndpointValue(v)] for v in (0.1, -0.2, 0.3, 0.0, 0.2)], primary=True)
+    concordance = PrimaryEndpoint("c", "d", "no trend", "higher", null=0.5)
+    flat = summarise(concordance, [[EndpointValue(0.5)]] * 5, primary=True)
+    assert flat["p"] == 1.0 and flat["favours_method"] == 0  # no spread, mean at the null
+    endpoints = {"a": entry, "b": other, "c": flat}
+    correct(endpoints)
+    # Holm by hand: p_a = 0.0132356 is smallest -> x3; p_b (0.46...) x2; p_c = 1 x1, each at least the previous
+    assert endpoints["a"]["p_holm"] == pytest.approx(3 * 0.0132356, abs=1e-6) and endpoints["a"]["survives_holm"]
+    assert endpoints["b"]["p_holm"] == pytest.approx(min(1.0, 2 * other["p"]))
+    assert endpoints["c"]["p_holm"] == 1.0 and not endpoints["c"]["survives_holm"]
+
+
+def test_an_undefined_unit_gives_no_interval_and_no_test():
+    endpoint = PrimaryEndpoint("a", "d", "b", "lower")
+    runs = [[EndpointValue(v)] for v in (-0.1, None, -0.3, -0.2, -0.4)]
+    entry = summarise(endpoint, runs, primary=True)
+    endpoints = {"a": entry}
+    correct(endpoints)
+    assert entry["ci95"] is None and entry["p"] is None and entry["p_holm"] is None and not entry["survives_holm"]
+    assert entry["favours_method"] == 4 and entry["undefined_units"] == 1
+
+
+def test_adapt_concordance_null_is_one_half_without_the_pinned_variant():
+    from kinfolk.lab.adapt.reanalysis import depth_concordance, no_trend_concordance
+
+    for depths in ([5, 6, 7, 8, 8], [5, 5, 5, 6, 7]):
+        assert no_trend_concordance(depths, [0.4, 0.4, 0.1, 0.9, 0.3]) == 0.5
+    # version 1: sizes ordered by k with k = M (KL 0 by construction) kept in: 5 of 15 pairs always concordant
+    assert no_trend_concordance(range(6), [0.3, 0.2, 0.1, 0.05, 0.01, 0.0], False, pinned=5) == pytest.approx(2 / 3)
+    # equal depths are not ordered: only the 5-vs-8 pairs count here, both favour depth
+    assert depth_concordance([5, 8, 8], [0.1, 0.2, 0.3]) == 1.0
+    assert depth_concordance([8, 8], [0.1, 0.2]) is None
+
+
+@pytest.mark.parametrize("name", ["atlantis", "atlas", "adapt"])
+def test_committed_reanalysis_is_what_its_plan_and_records_give(name, tmp_path):
+    experiment = get_experiment(name)(results_dir=ROOT / "docs" / "results")
+    committed = json.loads((ROOT / "docs" / "results" / f"{name}.json").read_text())
+    results = run_experiment(experiment, ROOT / "docs" / "results" / f"{name}.plan.json", tmp_path)
+    assert results["plan_sha256"] == committed["plan_sha256"]
+    assert json.loads(json.dumps(results["endpoints"])) == committed["endpoints"]
+
+
+def test_committed_results_pass_the_protocol_checker_strictly():
+    if not CHECK_RESULTS.exists():
+        pytest.skip("the protocol's checker is not here")
+    check = subprocess.run([sys.executable, CHECK_RESULTS, "--strict"], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stdout
+
+
+def _demo_results() -> dict:
+    """The parts of a demo's results.json the headline reads (one family, one run of each method)."""
+    scores = {"reverse": {"accuracy": 0.9, "answer_accuracy": 0.9}, "copy": {"accuracy": 1.0, "answer_accuracy": 1.0},
+              "flip": {"accuracy": 0.1, "answer_accuracy": 0.2}}  # fmt: skip
+    run = {"test": {"mean": 0.62}, "validation": {"mean": 0.6}, "ess_fraction": 1.0}
+    training = {"uniform": run, "oracle": {**run, "test": {"mean": 0.9}}, "ratio": {**run, "test": {"mean": 0.95}},
+                "ratio-permuted": {**run, "test": {"mean": 0.66}}}  # fmt: skip
+    size = {"test": {"mean": 0.8}}
+    curves = {m: {"chosen": [size, size]} for m in ("distilled", "weight-delta", "cross-patch")}
+    verdicts = {"average": {"k0": {"dominated": False, "gain_at_cost": 0.0}, "k1": {"dominated": True,
+                                                                                  "gain_at_cost": 0.2}}}  # fmt: skip
+    return {
+        "skills": {"retained": "copy", "target": "reverse", "held_out": "flip"},
+        "atlantis": {
+            "cell": "pr",
+            "settings": {"formulas": ["ratio"]},
+            "run": {"cells": {"pr": {"training": training}}},
+        },
+        "atlas": {
+            "scores": {"lora": scores, "atlas": scores},
+            "retained_kl": {"lora": [[0, 0.0], [10, 0.02]], "atlas": [[0, 0.0], [10, 0.001]]},
+            "analysis": {"undefined": "LoRA did not rise"},
+        },
+        "adapt": {
+            "transfer": {"large_instruct": {"curves": curves}, "large_bracket": {"curves": curves}},
+            "routing": {"distilled": {"dominance": verdicts}, "weight-delta": {"dominance": verdicts}},
+        },
+    }
+
+
+def test_demo_headline_claims_only_what_survives_holm_and_fits_100_columns():
+    from kinfolk.lab.report import HEADLINE_WIDTH, headline_table
+
+    text = headline_table(_demo_results(), ROOT / "docs" / "results")
+    assert max(len(line) for line in text.splitlines()) <= HEADLINE_WIDTH
+    assert "(pool pr; 1 family)" in text
+    words = " ".join(text.split())  # as read, across the wrapped lines
+    committed = {n: json.loads((ROOT / "docs" / "results" / f"{n}.json").read_text()) for n in ("atlantis", "adapt")}
+    ratio = committed["atlantis"]["endpoints"]["pr/ratio - uniform"]
+    assert ratio["survives_holm"] and f"shown, {ratio['mean']:+.3f}" in words
+    distilled = committed["adapt"]["endpoints"]["routing/distilled: routed - best fixed at no more cost"]
+    assert not distilled["survives_holm"] and "not significant after correction" in words
+    blocks = [line for line in text.splitlines() if not line.startswith(" ")]
+    assert [b.split()[0] for b in blocks] == ["ATLANTIS", "ATLAS", "ADAPT", "ADAPT", "ADAPT"]  # one block per method
+    assert "docs/results.md" in headline_table(_demo_results(), ROOT / "nowhere")  # no committed results at hand
+
+
+def test_the_lab_imports_no_command():
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "kinfolk" / "lab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("kinfolk.commands")]
+    assert offenders == []
+
+
+def test_no_installed_module_is_over_500_lines():
+    folders = ("kinfolk", "plugins", "trainers", "callbacks", "eval_tasks")
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}
+
+
+def test_no_atlas_ratio_is_computed_within_ten_times_a_floor():
+    experiment = get_experiment("atlas")(results_dir=ROOT / "docs" / "results")
+    record = experiment.load_run(0, 0)
+    selection = experiment.select(SelectionView(record))
+    unfloored = experiment.analyse(record, selection)["reverse/atlas vs lora: area"]
+    assert unfloored.defined and unfloored.method > 0  # geometric-mean test KLs stand beside the ratio
+    experiment.kl_floor = unfloored.method / 5  # ATLAS's KL lies within 10x of this floor
+    floored = experiment.analyse(record, selection)["reverse/atlas vs lora: area"]
+    assert floored.value is None and (floored.method, floored.baseline) == (unfloored.method, unfloored.baseline)
+
+
+def test_the_lab_docstring_names_only_modules_that_exist():
+    import re
+
+    import kinfolk.lab
+
+    named = set(re.findall(r"`([a-z_]+)`", kinfolk.lab.__doc__)) - {"build_family"}
+    lab = ROOT / "kinfolk" / "lab"
+    assert {n for n in named if not ((lab / f"{n}.py").exists() or (lab / n / "__init__.py").exists())} == set()
+    modules = {p.stem for p in lab.glob("*.py")} | {p.parent.name for p in lab.glob("*/__init__.py")}
+    assert modules - {"__init__"} <= named  # and every module is named
+
+
+def test_protocol_command_plans_refuses_to_replace_a_plan_and_names_unknown_experiments(tmp_path, capsys):
+    from kinfolk.lab.protocol.__main__ import main
+
+    committed = ROOT / "docs" / "results" / "atlantis.plan.json"
+    (tmp_path / "atlantis.plan.json").write_bytes(committed.read_bytes())
+    assert main(["plan", "atlantis", "--results", str(tmp_path)]) == 0  # the same plan: kept, not rewritten
+    assert (tmp_path / "atlantis.plan.json").read_bytes() == committed.read_bytes()
+    assert main(["analyse", "sideways"]) == 2
+    assert "unknown experiment 'sideways'" in capsys.readouterr().err
