@@ -135,7 +135,10 @@ class MergePlan:
         for model in self.models:
             where = Path(out or ".") / model.subdir if model.subdir else Path(out or ".")
             lines.append(f"  output {where}: {len(model.tensors)} tensors, {model.nbytes / 1e6:.1f} MB")
-            details = "; ".join(f"{key} {_brief(value)}" for key, value in model.summary.items())
+            # a check's result rather than its whole record, so each summary value fits a short line
+            brief = {key: value.get("result", value) if isinstance(value, dict) else value
+                     for key, value in model.summary.items()}  # fmt: skip
+            details = "; ".join(f"{key} {value}" for key, value in brief.items())
             lines += textwrap.wrap(details, width=100, initial_indent="    ", subsequent_indent="      ")
             if every_tensor:
                 lines += [f"    {tensor.formula()}" for tensor in model.tensors]
@@ -144,13 +147,6 @@ class MergePlan:
                                          for term in tensor.terms) for tensor in model.tensors)  # fmt: skip
             lines += [f"    {count} tensors from {source}" for source, count in sources.most_common()]
         return "\n".join(lines)
-
-
-def _brief(value: Any) -> str:
-    """A summary value on one short line: a check's result rather than its whole record."""
-    if isinstance(value, dict):
-        return str(value.get("result", value))
-    return str(value)
 
 
 def natural_key(name: str) -> list[Any]:
