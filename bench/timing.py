@@ -75,9 +75,14 @@ class Spread:
         """A figure that does not vary between runs: decided by its value alone."""
         return cls(value, value, value, 1)
 
-    def rounded(self, digits: int = 4) -> list[float]:
-        """`[low, high]` for the JSON line."""
-        return [round(self.low, digits), round(self.high, digits)]
+    def rounded(self, digits: int = 5) -> list[float]:
+        """`[low, high]` for the JSON line, to `digits` significant digits."""
+        return [significant(self.low, digits), significant(self.high, digits)]
+
+
+def significant(value: float, digits: int = 5) -> float:
+    """`value` to `digits` significant digits: a ratio near 1 and a disagreement near 1e-7 both keep their detail."""
+    return float(f"{value:.{digits}g}")
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -136,7 +141,7 @@ def report(
     return {
         "bench": bench,
         "figures": figures,
-        "ratios": {name: round(spread.median, digits) for name, spread in spreads.items()},
+        "ratios": {name: significant(spread.median, digits) for name, spread in spreads.items()},
         "spread": {name: spread.rounded(digits) for name, spread in spreads.items()},
         "goals": dict(goals),
         "verdicts": verdicts,

@@ -134,5 +134,11 @@ def test_report_keeps_the_bench_line_and_adds_spread_and_verdicts():
     }
 
 
+def test_the_line_keeps_significant_digits_of_small_and_large_figures():
+    assert timing.significant(1.234567) == 1.2346
+    assert timing.significant(3.21987e-7) == 3.2199e-7
+    assert timing.significant(12345.678, 3) == 12300.0
+
+
 def test_docstring_example():
     assert doctest.testmod(timing).failed == 0
