@@ -3,8 +3,9 @@ placement); the atlas fit (streamed k-means) against scikit-learn's KMeans on th
 
 Model: a random Qwen3-shaped decoder (about 54M parameters on CPU; `--shape qwen3-8b` for the paper's shape on a
 GPU), the adapter on the attention output projection of the layer at 47% depth, rank 16, K = 16 regions, p = 8.
-Latencies are the best of interleaved repetitions (frozen, LoRA, ATLAS in turn, so drift hits all three alike),
-in process CPU time on a CPU (see `clock_for`); the adapted module is also timed alone.
+Frozen, LoRA and ATLAS take turns over `--repeats` rounds after a warm-up (bench/timing.py), in process CPU time on a
+CPU and wall time on a GPU; each ratio is the median of its per-round ratios, with their interquartile range as its
+spread, and a goal that spread straddles is "undecided". The adapted module is also timed alone.
 Prints exactly one JSON line at the end.
 
     OMP_NUM_THREADS=1 python bench/bench_atlas.py
@@ -19,11 +20,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from peft import get_peft_model
+from timing import Spread, clock_for, interleaved, paired_ratio, report
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import kinfolk  # noqa: F401  (registers ATLAS)
@@ -64,57 +65,52 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def clock_for(device: str):
-    """Wall clock on a GPU; on a CPU this process's CPU time (one thread), which other jobs on a shared machine do
-    not inflate the way they inflate wall-clock time."""
-    return time.perf_counter if device.startswith("cuda") else time.process_time
-
-
-def timed(fn, device: str) -> float:
-    clock = clock_for(device)
-    sync(device)
-    start = clock()
-    fn()
-    sync(device)
-    return clock() - start
-
-
 def latencies(models: dict, batch: int, prompt: int, new_tokens: int, repeats: int, device: str) -> dict:
+    """Per-round prefill seconds and decode seconds per token of each model, the models taking turns."""
     ids = torch.randint(1000, (batch, prompt), generator=torch.Generator().manual_seed(2)).to(device)
     mask = torch.ones_like(ids)
-    times = {name: {"prefill": [], "decode": []} for name in models}
 
     def prefill(model):
-        model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        return lambda: model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
 
     def generate(model):
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                       do_sample=False)  # fmt: skip
+        return lambda: model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                      min_new_tokens=new_tokens, do_sample=False)  # fmt: skip
 
+    runs = {}
+    for name, model in models.items():
+        runs[f"{name}/prefill"], runs[f"{name}/generate"] = prefill(model), generate(model)
     with torch.inference_mode():
-        for model in models.values():  # warm-up
-            prefill(model)
-            generate(model)
-        for _ in range(repeats):
-            for name, model in models.items():
-                first = timed(lambda m=model: prefill(m), device)
-                whole = timed(lambda m=model: generate(m), device)
-                times[name]["prefill"].append(first)
-                # decode time per generated token: generation minus its own prefill, over the new tokens
-                times[name]["decode"].append(max(whole - first, 0.0) / new_tokens)
-    # best of the repetitions, as timeit reports: on a shared machine the slower runs measure the neighbours
-    return {name: {kind: min(values) for kind, values in kinds.items()} for name, kinds in times.items()}
+        seconds = interleaved(runs, repeats, clock=clock_for(device), synchronize=lambda: sync(device))
+    # decode time per generated token: each round's generation minus that round's prefill, over the new tokens
+    return {
+        name: {
+            "prefill": seconds[f"{name}/prefill"],
+            "decode": [
+                max(whole - first, 0.0) / new_tokens
+                for whole, first in zip(seconds[f"{name}/generate"], seconds[f"{name}/prefill"])
+            ],
+        }
+        for name in models
+    }
 
 
 def module_latencies(modules: dict, inputs: dict[str, torch.Tensor], repeats: int, device: str) -> dict:
-    """Best-of time of the adapted module alone (frozen, LoRA, ATLAS) on prefill- and decode-sized inputs."""
-    times = {name: {kind: [] for kind in inputs} for name in modules}
+    """Per-round time of the adapted module alone (frozen, LoRA, ATLAS) on prefill- and decode-sized inputs."""
+    runs = {
+        f"{name}/{kind}": lambda m=module, x=x: [m(x) for _ in range(10)]
+        for name, module in modules.items()
+        for kind, x in inputs.items()
+    }
     with torch.inference_mode():
-        for _ in range(repeats):
-            for name, module in modules.items():
-                for kind, x in inputs.items():
-                    times[name][kind].append(timed(lambda m=module, x=x: [m(x) for _ in range(10)], device) / 10)
-    return {name: {kind: min(values) for kind, values in kinds.items()} for name, kinds in times.items()}
+        seconds = interleaved(runs, repeats, clock=clock_for(device), synchronize=lambda: sync(device))
+    return {name: {kind: [t / 10 for t in seconds[f"{name}/{kind}"]] for kind in inputs} for name in modules}
+
+
+def medians(samples: dict) -> dict:
+    return {
+        name: {kind: statistics.median(values) for kind, values in kinds.items()} for name, kinds in samples.items()
+    }
 
 
 class _Captured(Exception):
@@ -138,8 +134,9 @@ def activations(model, batches, module_name: str) -> torch.Tensor:
     return torch.cat(rows).float().cpu()
 
 
-def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int], clock=time.process_time) -> dict:
-    """Streamed k-means (as fit_atlas runs it, without the covariances) vs scikit-learn KMeans, same rows."""
+def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int], clock) -> dict:
+    """Streamed k-means (as fit_atlas runs it, without the covariances) vs scikit-learn KMeans, same rows; the two
+    run back to back for each seed, which pairs their times."""
     from sklearn.cluster import KMeans
 
     from kinfolk.stats import bootstrap_interval
@@ -159,6 +156,7 @@ def kmeans_comparison(rows: torch.Tensor, k: int, seeds: list[int], clock=time.p
         theirs.append((clock() - start, inertia(rows, torch.from_numpy(fitted.cluster_centers_))))
     ratio = bootstrap_interval(lambda a, b: float(a.mean() / b.mean()), [i for _, i in ours], [i for _, i in theirs])
     return {
+        "time_ratio": paired_ratio([t for t, _ in theirs], [t for t, _ in ours]),
         "kmeans_seconds": statistics.median(t for t, _ in ours),
         "sklearn_seconds": statistics.median(t for t, _ in theirs),
         "kmeans_inertia": statistics.mean(i for _, i in ours),
@@ -174,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds, after one warm-up round")
     parser.add_argument("--fit-rows", type=int, default=48, help="retained sequences of 256 tokens for fit_atlas")
     parser.add_argument("--kmeans-rows", type=int, default=128, help="sequences of 256 tokens for the k-means race")
     parser.add_argument("--regions", type=int, default=16)
@@ -196,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                 torch.nn.init.normal_(parameter, std=0.01)
 
     _log(f"fit_atlas: {fit.seconds:.1f}s on {fit.tokens} tokens")
-    speed = latencies({"frozen": frozen, "lora": lora, "atlas": atlas}, args.batch, args.prompt, args.new_tokens,
-                      args.repeats, args.device)  # fmt: skip
+    models = {"frozen": frozen, "lora": lora, "atlas": atlas}
+    speed_rounds = latencies(models, args.batch, args.prompt, args.new_tokens, args.repeats, args.device)
+    speed = medians(speed_rounds)
     _log(f"latencies: {speed}")
     rows = activations(frozen, retained_tokens(frozen.config.vocab_size, args.kmeans_rows, 256, seed=3), target)
     kmeans = kmeans_comparison(rows, args.regions, list(range(args.seeds)), clock_for(args.device))
@@ -206,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         "prefill": rows[: args.batch * args.prompt].to(args.device, dtype),
         "decode": rows[: args.batch].to(args.device, dtype),
     }
-    module_speed = module_latencies(
+    module_rounds = module_latencies(
         {name: model.get_submodule(target) for name, model in modules.items()},
         module_inputs,
         args.repeats,
         args.device,
     )
+    module_speed = medians(module_rounds)
     _log(f"adapted module: {module_speed}")
     _log(f"k-means: {kmeans}")
     with tempfile.TemporaryDirectory() as directory:
@@ -220,14 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         atlas_file = os.path.getsize(Path(directory) / "atlas" / "adapter_model.safetensors")
         lora_file = os.path.getsize(Path(directory) / "lora" / "adapter_model.safetensors")
 
-    ratios = {
-        "atlas_over_lora_prefill": speed["atlas"]["prefill"] / speed["lora"]["prefill"],
-        "atlas_over_lora_decode": speed["atlas"]["decode"] / speed["lora"]["decode"],
-        "atlas_over_frozen_prefill": speed["atlas"]["prefill"] / speed["frozen"]["prefill"],
-        "atlas_over_frozen_decode": speed["atlas"]["decode"] / speed["frozen"]["decode"],
-        "sklearn_over_kmeans_time": kmeans["sklearn_seconds"] / kmeans["kmeans_seconds"],
-        "kmeans_over_sklearn_inertia": kmeans["inertia_ratio"].estimate,
+    spreads = {
+        f"atlas_over_{other}_{kind}": paired_ratio(speed_rounds["atlas"][kind], speed_rounds[other][kind])
+        for other in ("lora", "frozen")
+        for kind in ("prefill", "decode")
     }
+    spreads["sklearn_over_kmeans_time"] = kmeans["time_ratio"]
+    # not a timing: the spread is the ratio of mean inertias' bootstrap interval over seeds
+    interval = kmeans["inertia_ratio"]
+    spreads["kmeans_over_sklearn_inertia"] = Spread(interval.estimate, interval.low, interval.high, args.seeds)
     goals = {
         "atlas_over_lora_prefill": "<= 1.15",
         "atlas_over_lora_decode": "<= 1.15",
@@ -236,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
         "sklearn_over_kmeans_time": ">= 2",
         "kmeans_over_sklearn_inertia": "<= 1.01",
     }
-    passed = all(_meets(ratios[name], goal) for name, goal in goals.items())
     figures = {
         "shape": args.shape,
         "device": args.device,
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         "decode_seconds_per_token": {name: round(v["decode"], 6) for name, v in speed.items()},
         "module_seconds": {name: {k: round(v, 7) for k, v in kinds.items()} for name, kinds in module_speed.items()},
         "module_atlas_over_lora": {
-            k: round(module_speed["atlas"][k] / module_speed["lora"][k], 3) for k in module_inputs
+            k: round(paired_ratio(module_rounds["atlas"][k], module_rounds["lora"][k]).median, 3)
+            for k in module_inputs
         },
         # the adapted module's extra time over the whole frozen model's: the overhead free of whole-model noise
         "module_overhead_vs_frozen_model": {
@@ -272,19 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         "lora_adapter_file_bytes": lora_file,
         "paper_overhead_vs_frozen": PAPER_OVERHEAD,
         "gpu_check": "pending" if not args.device.startswith("cuda") else "this run",
+        "rounds": args.repeats,
+        "clock": "wall" if args.device.startswith("cuda") else "process cpu",
     }
-    print(json.dumps({"bench": "atlas", "figures": figures, "ratios": {k: round(v, 4) for k, v in ratios.items()},
-                      "goals": goals, "pass": passed}))  # fmt: skip
+    print(json.dumps(report("atlas", figures, spreads, goals)))
     return 0
 
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _meets(value: float, goal: str) -> bool:
-    op, bound = goal.split()
-    return value <= float(bound) if op == "<=" else value >= float(bound)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Generates a Llama-shaped fp32 checkpoint (`init`, ≥ 1 GB, several shards), a `tuned` copy (init + noise) and
 the kinfolk delta between them, then times each implementation of `init + 1.0 · delta` in its own subprocess
-(wall time and peak RSS from `wait4`), alternating implementations over `--repeats` rounds and keeping each
-one's fastest run:
+(wall time and peak RSS from `wait4`): one untimed round whose outputs are checked against each other (it also warms
+the page cache), then `--repeats` rounds in which the implementations take turns (bench/timing.py). Each time ratio is
+the median of the per-round ratios with their interquartile range as its spread ("undecided" while it straddles the
+goal); memory figures are those of each implementation's fastest run:
 
 - kinfolk:  `kinfolk merge apply-delta` (streamed, sharded, atomic, provenance hashed);
 - naive:    every tensor of both inputs loaded, summed, written with the same shard grouping;
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from timing import Spread, interleaved, paired_ratio, report
 
 from kinfolk.tensors import INDEX_FILE, ShardedWriter, TensorReader
 
@@ -181,21 +184,29 @@ def main() -> int:
                 args.mergekit_bin, str(mergekit_config), str(out), "--out-shard-size", f"{SHARD_BYTES // 4 // 10**6}M",  # parameters, fp32
                 "--no-copy-tokenizer", "--no-write-model-card", "--lazy-unpickle", "--allow-crimes", "--quiet",
             ]  # fmt: skip
-        runs = {name: [] for name in commands}
         checks = {}
-        for round_ in range(args.repeats):
-            for name, command in commands.items():
-                runs[name].append(measure(command(root / f"out-{name}")))
-                print(f"round {round_} {name}: {runs[name][-1]}", file=sys.stderr)
-            if round_ == 0:
-                for name in commands:
-                    if name != "kinfolk":
-                        difference = max_abs_difference(root / "out-kinfolk", root / f"out-{name}")
-                        checks[f"max_abs_diff_kinfolk_vs_{name}"] = difference
-                kinfolk_shards = (root / "out-kinfolk").glob("*.safetensors")
-                output_shards = sorted(path.stat().st_size for path in kinfolk_shards)
-            for name in commands:
-                shutil.rmtree(root / f"out-{name}")
+        for name, command in commands.items():
+            measure(command(root / f"out-{name}"))
+            if name != "kinfolk":
+                difference = max_abs_difference(root / "out-kinfolk", root / f"out-{name}")
+                checks[f"max_abs_diff_kinfolk_vs_{name}"] = difference
+        kinfolk_shards = (root / "out-kinfolk").glob("*.safetensors")
+        output_shards = sorted(path.stat().st_size for path in kinfolk_shards)
+        runs = {name: [] for name in commands}
+
+        def timed_run(name: str):
+            def run():
+                shutil.rmtree(root / f"out-{name}", ignore_errors=True)
+                runs[name].append(measure(commands[name](root / f"out-{name}")))
+                print(f"{name}: {runs[name][-1]}", file=sys.stderr)
+
+            return run
+
+        # interleaved supplies the turns; the figures are the child's own wall time and peak RSS, from the launcher
+        interleaved({name: timed_run(name) for name in commands}, args.repeats, warmup=0)
+        for name in commands:
+            shutil.rmtree(root / f"out-{name}")
+        wall = {name: [run["wall_s"] for run in results] for name, results in runs.items()}
         baseline = measure([*kinfolk, "apply-delta", str(apply_config), "--dry-run"])
         best = {name: min(results, key=lambda run: run["wall_s"]) for name, results in runs.items()}
         merge_rss = max(run["peak_rss_mb"] for run in runs["kinfolk"]) - baseline["peak_rss_mb"]
@@ -214,24 +225,20 @@ def main() -> int:
             "runs": runs,
             **checks,
         }
-        ratios = {
-            "rss_merge_vs_bound": round(merge_rss / bound_mb, 3),
-            "time_vs_naive": round(best["kinfolk"]["wall_s"] / best["naive"]["wall_s"], 3),
-            "rss_vs_naive": round(best["kinfolk"]["peak_rss_mb"] / best["naive"]["peak_rss_mb"], 3),
+        spreads = {
+            "rss_merge_vs_bound": Spread.exact(merge_rss / bound_mb),
+            "time_vs_naive": paired_ratio(wall["kinfolk"], wall["naive"]),
+            "rss_vs_naive": Spread.exact(best["kinfolk"]["peak_rss_mb"] / best["naive"]["peak_rss_mb"]),
+            "max_abs_diff_kinfolk_vs_naive": Spread.exact(checks["max_abs_diff_kinfolk_vs_naive"]),
         }
-        goals = {"rss_merge_vs_bound": "<= 1.0"}
+        goals = {"rss_merge_vs_bound": "<= 1.0", "max_abs_diff_kinfolk_vs_naive": "<= 0"}
         if "mergekit" in best:
-            ratios["time_vs_mergekit"] = round(best["kinfolk"]["wall_s"] / best["mergekit"]["wall_s"], 3)
-            paired = sorted(k["wall_s"] / m["wall_s"] for k, m in zip(runs["kinfolk"], runs["mergekit"]))
-            figures["time_vs_mergekit_per_round"] = [round(ratio, 3) for ratio in paired]
-            ratios["rss_vs_mergekit"] = round(best["kinfolk"]["peak_rss_mb"] / best["mergekit"]["peak_rss_mb"], 3)
+            spreads["time_vs_mergekit"] = paired_ratio(wall["kinfolk"], wall["mergekit"])
+            spreads["rss_vs_mergekit"] = Spread.exact(best["kinfolk"]["peak_rss_mb"] / best["mergekit"]["peak_rss_mb"])
             goals["time_vs_mergekit"] = "<= 1.0"
         else:
             figures["mergekit"] = "not installed (pass --mergekit-bin)"
-        exact = checks["max_abs_diff_kinfolk_vs_naive"] == 0.0
-        passed = exact and all(ratios[name] <= float(goal.split()[-1]) for name, goal in goals.items())
-        print(json.dumps({"bench": "merge_apply_delta", "figures": figures, "ratios": ratios, "goals": goals,
-                          "pass": passed}))  # fmt: skip
+        print(json.dumps(report("merge_apply_delta", figures, spreads, goals)))
         return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -10,9 +10,11 @@ tokens of a prompt/completion dataset whose rows range from a few dozen to sever
           batches of the same token budget. Rows are as wide as the token-weighted mean sequence length
           (Σ L² / Σ L), so causal attention costs the same per token as over the real sequences.
 
-Throughput counts every sequence token (prompt and response, no padding), in tokens per second of the best of
-`--repeats` timed passes after a warm-up, the methods alternating. Goals: scorer/bound ≥ 0.90 (padding and bookkeeping cost < 10%)
-and scorer/loop ≥ 3. Ends with one JSON line.
+Throughput counts every sequence token (prompt and response, no padding), in tokens per second of process CPU time
+(wall time on a GPU). The three methods take turns over `--repeats` rounds after a warm-up (bench/timing.py); each
+ratio is the median of its per-round ratios, with their interquartile range as its spread. Goals: scorer/bound ≥ 0.90
+(padding and bookkeeping cost < 10%) and scorer/loop ≥ 3; a goal whose spread straddles it is "undecided". Ends with
+one JSON line.
 
     OMP_NUM_THREADS=1 python bench/bench_scoring.py [--rows 128] [--tokens-per-batch 4096] [--device cuda]
 """
@@ -22,11 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
+import statistics
 
 import numpy as np
 import torch
 from datasets import Dataset
+from timing import clock_for, interleaved, paired_ratio, report
 
 from kinfolk.logprobs import label_log_probs
 from kinfolk.testing import build_model, build_tokenizer
@@ -46,22 +49,6 @@ def synthetic_dataset(rows: int, seed: int = 0) -> Dataset:
     )
 
 
-def best_times(runs: dict, repeats: int, synchronize) -> dict[str, float]:
-    """Fastest of `repeats` timed passes per method, after a warm-up; methods alternate within each round so a
-    change in machine load hits all of them alike."""
-    for run in runs.values():
-        run()  # warm-up: allocator, kernels, first-call patching
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            synchronize()
-            start = time.perf_counter()
-            run()
-            synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=128)
@@ -69,7 +56,7 @@ def main() -> None:
     parser.add_argument("--chunk-rows", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -124,11 +111,26 @@ def main() -> None:
                 label_log_probs(model, ids, None, ids)[0].double().sum(dim=-1).cpu()
 
     bound_tokens = packed_rows.numel()
-    times = best_times({"scorer": scorer, "loop": loop, "bound": bound}, args.repeats, synchronize)
+    times = interleaved(
+        {"scorer": scorer, "loop": loop, "bound": bound},
+        args.repeats,
+        clock=clock_for(args.device),
+        synchronize=synchronize,
+    )
+    throughput = {
+        "scorer": [total_tokens / t for t in times["scorer"]],
+        "loop": [total_tokens / t for t in times["loop"]],
+        "bound": [bound_tokens / t for t in times["bound"]],
+    }
+    spreads = {
+        "scorer_over_bound": paired_ratio(throughput["scorer"], throughput["bound"]),
+        "scorer_over_loop": paired_ratio(throughput["scorer"], throughput["loop"]),
+    }
+    median = {name: statistics.median(values) for name, values in throughput.items()}
     figures = {
-        "scorer_tokens_per_s": total_tokens / times["scorer"],
-        "loop_tokens_per_s": total_tokens / times["loop"],
-        "bound_tokens_per_s": bound_tokens / times["bound"],
+        "scorer_tokens_per_s": median["scorer"],
+        "loop_tokens_per_s": median["loop"],
+        "bound_tokens_per_s": median["bound"],
         "rows": len(input_ids),
         "tokens": total_tokens,
         "response_tokens": int(response_token_counts(labels).sum()),
@@ -136,20 +138,16 @@ def main() -> None:
         "batches": len(batches),
         "bound_row_width": width,
         # how much batching can gain at all here: on one CPU thread a batch-1 forward is already compute-bound
-        "bound_over_loop": bound_tokens / times["bound"] / (total_tokens / times["loop"]),
+        "bound_over_loop": paired_ratio(throughput["bound"], throughput["loop"]).median,
         "parameters": sum(p.numel() for p in model.parameters()),
         "device": args.device,
         "torch_threads": torch.get_num_threads(),
-    }
-    ratios = {
-        "scorer_over_bound": figures["scorer_tokens_per_s"] / figures["bound_tokens_per_s"],
-        "scorer_over_loop": figures["scorer_tokens_per_s"] / figures["loop_tokens_per_s"],
+        "rounds": args.repeats,
+        "clock": "wall" if args.device.startswith("cuda") else "process cpu",
     }
     goals = {"scorer_over_bound": ">= 0.90", "scorer_over_loop": ">= 3"}
-    passed = ratios["scorer_over_bound"] >= 0.90 and ratios["scorer_over_loop"] >= 3
-    rounded = lambda d: {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
-    print(json.dumps({"bench": "atlantis_scoring", "figures": rounded(figures), "ratios": rounded(ratios),
-                      "goals": goals, "pass": passed}))  # fmt: skip
+    figures = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+    print(json.dumps(report("atlantis_scoring", figures, spreads, goals)))
 
 
 if __name__ == "__main__":

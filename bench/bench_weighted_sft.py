@@ -1,13 +1,15 @@
 """Step time and peak memory of WeightedSFTTrainer against SFTTrainer on identical batches.
 
 Layouts: padded and padding-free; WeightedSFTTrainer with every weight 1 and with random (log-normal) weights, on
-the tokens SFTTrainer trains (a prompt loss weight would add tokens, i.e. work, not overhead). All variants see the same data, seed, sampler and model initialisation. Step time: the three
-trainers take turns step by step in one process (`step_times`); peak memory: each variant trains in a fresh process
+the tokens SFTTrainer trains (a prompt loss weight would add tokens, i.e. work, not overhead). All variants see the
+same data, seed, sampler and model initialisation. Step time: the three trainers take turns step by step in one
+process (`step_times`), and each step-time ratio is the median of the per-step ratios, with their interquartile range
+as its spread ("undecided" while it straddles the goal); peak memory: each variant trains in a fresh process
 (`peak_memory`). The model is a random Llama, sized for the device (`SHAPES`).
 
     python bench/bench_weighted_sft.py [--steps 24 --rounds 1]   # about 15 minutes on two idle CPU cores
 
-Ends by printing one JSON line: {"bench": ..., "figures": ..., "ratios": ..., "goals": ..., "pass": ...}.
+Ends by printing one JSON line: {"bench", "figures", "ratios", "spread", "goals", "verdicts", "pass"}.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import os
 import random
 import statistics
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+
+from timing import Spread, clock_for, interleaved, paired_ratio, report
 
 GOAL = 1.02
 LAYOUTS = {"padded": {}, "padding_free": {"padding_free": True, "max_length": None}}
@@ -100,8 +103,9 @@ def _trainer(variant: str, layout: str, steps: int, batch_size: int):
 
 
 def step_times(layout: str, steps: int, warmup: int, batch_size: int) -> dict[str, list[float]]:
-    """Seconds of each optimiser step per variant, the variants taking turns step by step in one process, so step i
-    of every variant runs the same batch at nearly the same time (the ratios are taken step by step).
+    """Seconds of each optimiser step per variant, the variants taking turns step by step in one process
+    (bench/timing.py's `interleaved`, one step per round), so step i of every variant runs the same batch at nearly
+    the same time (the ratios are taken step by step).
 
     A step is what `Trainer` does per update: collate the batch, count it (the weighted loss normaliser rides on
     that), forward, backward, optimiser. CPU: the process's CPU time (robust to other load on shared cores);
@@ -111,30 +115,31 @@ def step_times(layout: str, steps: int, warmup: int, batch_size: int) -> dict[st
     import torch
 
     cuda = torch.cuda.is_available()
-    clock = time.perf_counter if cuda else time.process_time
     trainers = {variant: _trainer(variant, layout, steps + warmup, batch_size) for variant in VARIANTS}
-    batches = {}
-    for variant, trainer in trainers.items():
-        trainer.create_optimizer()
-        trainer.current_gradient_accumulation_steps = 1
-        batches[variant] = iter(trainer.get_train_dataloader())
-    seconds = {variant: [] for variant in VARIANTS}
-    for step in range(steps + warmup):
-        order = VARIANTS[step % len(VARIANTS) :] + VARIANTS[: step % len(VARIANTS)]
-        for variant in order:
-            trainer = trainers[variant]
-            if cuda:
-                torch.cuda.synchronize()
-            start = clock()
-            samples, num_items = trainer.get_batch_samples(batches[variant], 1, trainer.args.device)
+
+    def one_step(trainer):
+        batches = iter(trainer.get_train_dataloader())
+
+        def step():
+            samples, num_items = trainer.get_batch_samples(batches, 1, trainer.args.device)
             trainer.training_step(trainer.model, samples[0], num_items)
             trainer.optimizer.step()
             trainer.optimizer.zero_grad(set_to_none=True)
-            if cuda:
-                torch.cuda.synchronize()
-            if step >= warmup:
-                seconds[variant].append(clock() - start)
-    return seconds
+
+        return step
+
+    steps_by_variant = {}
+    for variant, trainer in trainers.items():
+        trainer.create_optimizer()
+        trainer.current_gradient_accumulation_steps = 1
+        steps_by_variant[variant] = one_step(trainer)
+    return interleaved(
+        steps_by_variant,
+        repeats=steps,
+        warmup=warmup,
+        clock=clock_for("cuda" if cuda else "cpu"),
+        synchronize=torch.cuda.synchronize if cuda else lambda: None,
+    )
 
 
 def peak_memory(variant: str, layout: str, steps: int, warmup: int, batch_size: int) -> float:
@@ -171,7 +176,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=8)
     options = parser.parse_args()
 
-    figures, ratios = {}, {}
+    figures, spreads = {}, {}
     for layout in LAYOUTS:
         times = _in_fresh_process(step_times, layout, options.steps, options.warmup, options.batch_size)
         for variant in VARIANTS:
@@ -182,9 +187,8 @@ def main() -> None:
             ]
             figures[f"{layout}/{variant}/peak_mib"] = statistics.median(peaks) / 2**20
         for variant in VARIANTS[1:]:
-            paired = [mine / theirs for mine, theirs in zip(times[variant], times["sft"])]
-            ratios[f"{layout}/{variant}/step_time"] = statistics.median(paired)
-            ratios[f"{layout}/{variant}/peak_memory"] = (
+            spreads[f"{layout}/{variant}/step_time"] = paired_ratio(times[variant], times["sft"])
+            spreads[f"{layout}/{variant}/peak_memory"] = Spread.exact(
                 figures[f"{layout}/{variant}/peak_mib"] / figures[f"{layout}/sft/peak_mib"]
             )
     import torch
@@ -194,17 +198,7 @@ def main() -> None:
     figures.update(
         timed_steps=options.steps, batch_size=options.batch_size, clock="wall" if torch.cuda.is_available() else "cpu"
     )
-    print(
-        json.dumps(
-            {
-                "bench": "weighted_sft",
-                "figures": figures,
-                "ratios": {key: round(value, 4) for key, value in ratios.items()},
-                "goals": {key: f"<= {GOAL}" for key in ratios},
-                "pass": all(value <= GOAL for value in ratios.values()),
-            }
-        )
-    )
+    print(json.dumps(report("weighted_sft", figures, spreads, {key: f"<= {GOAL}" for key in spreads})))
 
 
 if __name__ == "__main__":
