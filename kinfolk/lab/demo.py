@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,8 +308,12 @@ def run_demo(
     if family.warning():
         console.show(family.warning())
     console.show(headline_table(results))
+    console.show("These numbers are one family and one run of each method: a reading of this run, not an effect.")
     console.show(
-        "These numbers are one family and one run of each method: a reading of this run, not an effect. An effect "
-        "is claimed only where a primary endpoint over 5 families survives Holm's correction: docs/results.md."
+        textwrap.fill(
+            "An effect is claimed only where a primary endpoint over 5 families survives Holm's correction: "
+            "docs/results.md.",
+            console.WIDTH,
+        )
     )
     return results
