@@ -65,7 +65,8 @@ def test_verbose_passes_everything_through(tmp_path, capfd):
 
 @pytest.mark.slow
 def test_a_trainer_and_lm_eval_under_the_console_leave_the_terminal_a_few_short_lines(tmp_path):
-    from kinfolk.lab.family import LabConfig, _fresh
+    from kinfolk.lab.family import LabConfig
+    from kinfolk.lab.members import fresh_model
     from kinfolk.lab.tasks import evaluate_with_lm_eval
     from kinfolk.lab.tokenizer import build_lab_tokenizer
 
@@ -77,7 +78,7 @@ def test_a_trainer_and_lm_eval_under_the_console_leave_the_terminal_a_few_short_
         trainer.train()
         console.stage("lm-eval")
         lab_tokenizer = build_lab_tokenizer()
-        model = _fresh(LabConfig.quick_config().small_shape, lab_tokenizer, 0)
+        model = fresh_model(LabConfig.quick_config().small_shape, lab_tokenizer, 0)
         evaluate_with_lm_eval(model, lab_tokenizer, skills=["add"], limit=4)
         console.show("headline")
     lines = terminal_lines(out, err)

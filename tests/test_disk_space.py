@@ -216,14 +216,15 @@ def test_lab_build_refuses_before_training_when_the_family_does_not_fit(tmp_path
     from transformers import AutoModelForCausalLM
 
     from kinfolk.lab import family as family_module
-    from kinfolk.lab.family import LabConfig, _model_config
+    from kinfolk.lab.family import LabConfig
+    from kinfolk.lab.members import model_config
     from kinfolk.lab.tokenizer import build_lab_tokenizer
 
     config, tokenizer = LabConfig.quick_config(seed=0), build_lab_tokenizer()
     saved = {}
     for shape in ("small_shape", "large_shape"):  # each shape's model built and saved for real
         directory = tmp_path / shape
-        AutoModelForCausalLM.from_config(_model_config(getattr(config, shape), tokenizer)).save_pretrained(directory)
+        AutoModelForCausalLM.from_config(model_config(getattr(config, shape), tokenizer)).save_pretrained(directory)
         saved[shape] = tensor_bytes(directory)
     needed = 2 * saved["small_shape"] + 3 * saved["large_shape"]
     fake_free(monkeypatch, needed - 1)

@@ -196,6 +196,7 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
 
     import kinfolk.lab.family as family_module
     from kinfolk.lab.skills import SKILLS
+    from kinfolk.lab.training import save_model
 
     trained = []
 
@@ -204,7 +205,7 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
         if len(trained) == 3 and out.name == "small_instruct":  # the first run: stopped during its third model
             os.kill(os.getpid(), signal.SIGTERM)
         model = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, Path) else model
-        family_module.save_model(model, tokenizer, out)
+        save_model(model, tokenizer, out)
         return 1
 
     perfect = {skill: {"accuracy": 1.0, "answer_accuracy": 1.0} for skill in SKILLS}

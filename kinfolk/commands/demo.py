@@ -59,5 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except FamilyBelowThreshold as error:
         print(f"kinfolk demo: {error}", file=sys.stderr)
         return 1
-    print(f"report: {out / 'report.md'}; the libraries' output: {out / LOG_FILE}")
+    print(f"report: {out / 'report.md'}")
+    print(f"the libraries' output: {out / LOG_FILE}")
     return 0
