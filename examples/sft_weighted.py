@@ -29,7 +29,7 @@ accelerate launch examples/sft_weighted.py \
 
 import argparse
 
-from kinfolk.process_group import end_process_group
+from kinfolk.process_group import end_training
 
 
 def main(script_args, training_args, model_args, dataset_args):
@@ -85,7 +85,7 @@ def main(script_args, training_args, model_args, dataset_args):
 
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    trainer.end()
+    end_training(trainer)  # every rank waits for the others, then the group goes (kinfolk.process_group)
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
@@ -103,4 +103,3 @@ if __name__ == "__main__":
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args, dataset_args)
-    end_process_group()  # every rank ends the same way (see kinfolk.process_group)

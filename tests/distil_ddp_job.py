@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from kinfolk.process_group import end_training
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
@@ -65,4 +66,4 @@ if __name__ == "__main__":
     }
     torch.save(record, Path(run_dir) / f"rank{trainer.accelerator.process_index}.pt")
     trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()  # destroys the gloo group before the interpreter exits
+    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)

@@ -14,6 +14,7 @@ from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
 
 from kinfolk.callbacks.evaluation import LmEvalCallback
+from kinfolk.process_group import end_training
 from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
 
 TASKS = ["kinfolk_csqa_sample", "kinfolk_gsm8k_sample"]
@@ -44,4 +45,4 @@ def train(run_dir: str, processes: int) -> SFTTrainer:
 if __name__ == "__main__":
     trainer = train(sys.argv[1], processes=2)
     trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()  # destroys the gloo group before the interpreter exits
+    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)

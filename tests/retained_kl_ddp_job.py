@@ -14,6 +14,7 @@ from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
+from kinfolk.process_group import end_training
 from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
 
 RETAINED_ROWS = 5  # with batches of 2: three batches, so one rank measures a weight-0 repeat
@@ -51,4 +52,4 @@ if __name__ == "__main__":
     trainer.save_model(f"{run_dir}/adapter")
     if trainer.accelerator.is_main_process:
         Path(run_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
-    trainer.accelerator.end_training()  # tear gloo down before the interpreter does
+    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)

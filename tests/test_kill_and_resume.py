@@ -276,3 +276,25 @@ def test_a_launched_verb_that_succeeded_ends_its_process_group(tmp_path):
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         assert run("kinfolk test", call) == code
         assert dist.is_initialized() is alive_after
+
+
+def test_ending_a_trainer_waits_for_every_rank_then_calls_its_end(tmp_path, monkeypatch):
+    """`end_training` puts a barrier before `Trainer.end()` (which destroys the group at once), and needs no group."""
+    import torch.distributed as dist
+
+    from kinfolk.process_group import end_training
+
+    events = []
+
+    class Ending:
+        def end(self):
+            events.append("end")
+
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: events.append("barrier"))
+    end_training(Ending())  # no process group: nothing to wait for
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        end_training(Ending())
+    finally:
+        dist.destroy_process_group()
+    assert events == ["end", "barrier", "end"]

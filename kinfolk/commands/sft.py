@@ -48,6 +48,7 @@ from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError, OutputExistsError
 from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
+from kinfolk.process_group import end_training
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
 PROG = "kinfolk sft"
@@ -192,7 +193,7 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    trainer.end()
+    end_training(trainer)  # every rank waits for the others, then the group goes (kinfolk.process_group)
     return trainer
 
 
