@@ -35,7 +35,14 @@ def end_process_group() -> bool:
 
 
 def end_training(trainer) -> None:
-    """`trainer.end()` (trackers finished, process group destroyed) once every rank has reached this point."""
+    """`trainer.end()` (trackers finished, process group destroyed) once every rank has reached this point, after
+    dropping the trainer's DDP wrapper: its reducer must go while the group is alive, because a reducer freed after
+    the group is destroyed joins gloo threads that never finish (seen in CI, py-spy in `~ProcessGroupGloo`)."""
+    import gc
+
+    trainer.accelerator.free_memory()
+    trainer.model_wrapped = trainer.model
+    gc.collect()
     _wait_for_every_rank()
     trainer.end()
 

@@ -287,6 +287,9 @@ def test_ending_a_trainer_waits_for_every_rank_then_calls_its_end(tmp_path, monk
     events = []
 
     class Ending:
+        accelerator = type("Accelerator", (), {"free_memory": lambda self: events.append("free")})()
+        model = model_wrapped = None
+
         def end(self):
             events.append("end")
 
@@ -297,4 +300,4 @@ def test_ending_a_trainer_waits_for_every_rank_then_calls_its_end(tmp_path, monk
         end_training(Ending())
     finally:
         dist.destroy_process_group()
-    assert events == ["end", "barrier", "end"]
+    assert events == ["free", "end", "free", "barrier", "end"]

@@ -27,6 +27,7 @@ import yaml
 from kinfolk.atomic import clean_dead_staging, publish, staging_path
 from kinfolk.errors import InputError, LayerMapError
 from kinfolk.plugins.adapt.layer_map import LayerSelection
+from kinfolk.process_group import end_training
 
 INIT, TRAINING, DISTILLED, DELTA = "init-student", "training", "distilled", "delta"
 
@@ -95,8 +96,7 @@ def distil_student(
         if staging.exists():  # after an exchange: the distilled student of an earlier run
             shutil.rmtree(staging)
         merge(DeltaConfig(init=str(init), distilled=str(distilled)), out / DELTA, overwrite=True, progress=False)
-    state.wait_for_everyone()
-    trainer.end()
+    end_training(trainer)  # the DDP wrapper goes while the group is alive (kinfolk.process_group)
     return distilled
 
 
