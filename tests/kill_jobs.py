@@ -77,6 +77,7 @@ def sft_job(args: dict) -> None:
     from sft_helpers import parameters, weighted_data, weighted_trainer
 
     from kinfolk.atomic import atomic_file
+    from kinfolk.process_group import end_training
     from kinfolk.testing import build_tokenizer
 
     trainer = weighted_trainer(
@@ -94,6 +95,7 @@ def sft_job(args: dict) -> None:
     if trainer.accelerator.is_main_process:
         with atomic_file(args["out"], mode="wb") as handle:
             torch.save({"parameters": parameters(trainer.model), "step": trainer.state.global_step}, handle)
+    end_training(trainer)  # under 2 processes: no rank left in gloo's teardown (kinfolk.process_group)
 
 
 JOBS = {"merge": merge_job, "score": score_job, "sft": sft_job}
@@ -114,6 +116,3 @@ if __name__ == "__main__":
         number = signal.Signals[rest[1]]
         install_kill(rest[2], rest[3], int(rest[4]), rest[5] if len(rest) > 5 else None, number)
     JOBS[job](arguments)
-    from kinfolk.process_group import end_process_group
-
-    end_process_group()  # the 2-process `sft` job: no rank dies in the interpreter's teardown of gloo

@@ -13,6 +13,7 @@ import sys
 from peft import LoraConfig
 from sft_helpers import parameters, weighted_data, weighted_trainer
 
+from kinfolk.process_group import end_training
 from kinfolk.testing import text_dataset
 
 WEIGHTS = [0.3, 1.7, 0.0, 2.5, 0.8, 1.1, 4.0, 0.6]
@@ -65,4 +66,4 @@ if __name__ == "__main__":
         summary.update({key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")})
         torch.save({**summary, "parameters": parameters(trainer.model)}, out)
     # Tear gloo down before the interpreter does: exiting with the group alive can abort a rank at shutdown.
-    trainer.accelerator.end_training()
+    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
