@@ -7,8 +7,9 @@ offers, then executes the program file with `exec`:
    all, and when the namespace's first process dies the kernel kills everything the program spawned;
 2. a forked child (PID 1 of that namespace) that this process kills at the wall-clock deadline;
 3. resource limits in the child: address space, CPU seconds, file size, open files, no core dumps, and a
-   process count (as root, the real uid becomes `nobody` and every capability is dropped, since the kernel
-   never applies the process limit to uid 0 or to holders of CAP_SYS_RESOURCE);
+   process count (as root, the real uid becomes one no other process has, `SANDBOX_UID_BASE` plus this process's
+   pid, and every capability is dropped, since the kernel never applies the process limit to uid 0 or to holders
+   of CAP_SYS_RESOURCE; a uid of its own makes the limit exact whatever else runs as `nobody` meanwhile);
 4. Landlock: writes, removals and creations only beneath the sandbox directory, no TCP bind or connect, and
    (ABI ≥ 6) no signals or abstract sockets reaching outside.
 
@@ -28,6 +29,9 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 NOBODY = 65534
+# Sandbox uids: above the ranges that distributions and container runtimes hand out (system and login users below
+# 2**16, subordinate ids from 100000 in blocks of 65536), plus a host pid (< 2**22), so two live sandboxes never share one.
+SANDBOX_UID_BASE = 0x60000000
 TIMEOUT_STATUS = 124
 
 # Landlock access rights (include/uapi/linux/landlock.h); reads and execution stay unrestricted.
@@ -44,6 +48,10 @@ def _fail(what):
     return OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
+def running_as_root():
+    return os.geteuid() == 0 and os.getuid() == 0
+
+
 def enter_namespaces():
     flags = CLONE_NEWNET | CLONE_NEWPID
     if os.geteuid() != 0:
@@ -51,7 +59,7 @@ def enter_namespaces():
     return libc.unshare(flags) == 0
 
 
-def drop_root():
+def drop_root(uid):
     # Only a non-zero real uid without CAP_SYS_RESOURCE is held to RLIMIT_NPROC. The effective uid stays 0 so the
     # interpreter can still read its own files; Landlock, not file ownership, is what confines writes.
     with open("/proc/sys/kernel/cap_last_cap") as handle:
@@ -61,7 +69,7 @@ def drop_root():
             raise _fail("PR_CAPBSET_DROP")
     os.setgroups([])
     os.setresgid(NOBODY, os.getegid(), os.getegid())
-    os.setresuid(NOBODY, 0, 0)
+    os.setresuid(uid, 0, 0)
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -96,9 +104,9 @@ def set_limits(limits, as_root):
     both(resource.RLIMIT_FSIZE, limits["file_bytes"])
     both(resource.RLIMIT_NOFILE, limits["open_files"])
     both(resource.RLIMIT_CORE, 0)
-    # The kernel counts every process of the real uid, so leave room for the ones it already has: as root that uid
-    # becomes nobody's, which other sandboxes (still being reaped) and system services may share.
-    baseline = user_process_count(NOBODY if as_root else os.getuid())
+    # The kernel counts every process of the real uid. As root that uid becomes the sandbox's own, which nothing else
+    # has; otherwise it stays the caller's, so leave room for the processes the caller already runs.
+    baseline = 0 if as_root else user_process_count(os.getuid())
     both(resource.RLIMIT_NPROC, baseline + limits["processes"])
 
 
@@ -146,10 +154,10 @@ def layers(report):
 
 
 def run_program(config, report):
-    as_root = os.geteuid() == 0 and os.getuid() == 0
+    as_root = running_as_root()
     set_limits(config["limits"], as_root)
     if as_root:
-        drop_root()
+        drop_root(report["uid"])
     report["dropped_root"] = as_root
     report["landlock_abi"] = landlock(config["directory"])
     missing = [layer for layer, present in layers(report).items() if layer in config["require"] and not present]
@@ -164,7 +172,11 @@ def run_program(config, report):
 
 def main():
     config = json.loads(sys.argv[1])
-    report = {"namespaces": enter_namespaces()}
+    # The host pid, read before the new PID namespace: the sandbox's processes run under this uid.
+    report = {
+        "uid": SANDBOX_UID_BASE + os.getpid() if running_as_root() else os.getuid(),
+        "namespaces": enter_namespaces(),
+    }
     child = os.fork()
     if child == 0:
         status = 0

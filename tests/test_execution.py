@@ -1,5 +1,6 @@
 """The pass@1 sandbox against hostile programs: each must fail (or time out) without touching the machine."""
 
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from kinfolk.eval_tasks.execution import (
     run_untrusted,
     test_program,
 )
+from kinfolk.eval_tasks.sandbox_child import SANDBOX_UID_BASE
 
 QUICK = SandboxLimits(timeout_seconds=2.0)
 
@@ -58,6 +60,7 @@ def test_pass_and_fail_are_told_apart():
     result = run_untrusted("print('hello')\nraise SystemExit(3)", allow=True)
     assert (result.status, result.returncode, result.stdout) == ("failed", 3, "hello\n")
     assert result.layers == {
+        "uid": result.layers["uid"] if os.geteuid() == 0 else os.getuid(),
         "namespaces": True,
         "dropped_root": os.geteuid() == 0,
         "landlock_abi": result.layers["landlock_abi"],
@@ -78,13 +81,12 @@ def test_infinite_loop_times_out():
 
 
 def test_fork_bomb_is_contained():
-    sandbox_uid = 65534 if os.geteuid() == 0 else os.getuid()
-    baseline = processes_of(sandbox_uid) if sandbox_uid == 65534 else None
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     result = run_untrusted(bomb, QUICK, allow=True)
     assert result.status == "timeout"
-    if baseline is not None:  # nothing the bomb forked outlives the sandbox
-        assert no_survivors(sandbox_uid, baseline)
+    if os.geteuid() == 0:  # nothing the bomb forked outlives the sandbox (its uid is its own)
+        assert result.layers["uid"] not in (0, 65534)
+        assert no_survivors(result.layers["uid"], 0)
     counted = run_untrusted(
         "import os, time\nn = 0\nfor _ in range(200):\n    try:\n        pid = os.fork()\n"
         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
@@ -102,17 +104,57 @@ def test_detached_grandchild_dies_with_the_sandbox(tmp_path):
     # sandbox's own process allowance: more of them than the allowance are running while it forks.
     others = [subprocess.Popen(["sleep", "30"], user=65534) for _ in range(SandboxLimits().processes + 4)]
     try:
-        baseline = processes_of(65534)
         program = (
             "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\nprint('left')"
         )
         result = run_untrusted(program, QUICK, allow=True)
         assert result.passed, result.stderr
-        assert no_survivors(65534, baseline)
+        assert no_survivors(result.layers["uid"], 0)
     finally:
         for other in others:
             other.kill()
             other.wait()
+
+
+def sandbox_waiting_for(marker: str) -> bool:
+    """Whether a sandboxed program that mentions `marker` runs under a sandbox uid (so its limits are set)."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+            if uid >= SANDBOX_UID_BASE:
+                program = os.path.join(os.readlink(f"/proc/{entry}/cwd"), "program.py")
+                with open(program) as handle:
+                    if marker in handle.read():
+                        return True
+        except (OSError, StopIteration):
+            pass
+    return False
+
+
+def test_process_allowance_holds_when_nobodys_processes_end_meanwhile(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox gets a uid of its own only when started as root")
+    # Processes of another uid that end after the sandbox set its limits must not widen its allowance.
+    others = [subprocess.Popen(["sleep", "30"], user=65534) for _ in range(SandboxLimits().processes + 4)]
+    marker = tmp_path / "go"
+    program = (
+        f"import os, time\nwhile not os.path.exists({str(marker)!r}):\n    time.sleep(0.01)\nn = 0\n"
+        "for _ in range(200):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+        "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)"
+    )
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        counted = pool.submit(run_untrusted, program, SandboxLimits(timeout_seconds=20), True)
+        deadline = time.monotonic() + 15
+        while not sandbox_waiting_for(str(marker)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for other in others:
+            other.kill()
+            other.wait()
+        marker.write_text("")
+        result = counted.result()
+    assert result.passed, result.stderr
+    assert int(result.stdout) == SandboxLimits().processes - 1  # the program itself is one of its processes
 
 
 def test_huge_allocation_fails():
