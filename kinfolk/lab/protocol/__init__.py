@@ -7,7 +7,7 @@ resumable, refusing runs of another plan). `EXPERIMENTS` lists every experiment,
 class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
-['adapt', 'atlantis', 'atlas']
+['adapt', 'atlantis', 'atlas', 'real-boomerang']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "atlantis": "kinfolk.lab.atlantis.reanalysis:AtlantisReanalysis",
     "atlas": "kinfolk.lab.atlas.reanalysis:AtlasReanalysis",
     "adapt": "kinfolk.lab.adapt.reanalysis:AdaptReanalysis",
+    "real-boomerang": "kinfolk.lab.boomerang.experiment:RealBoomerang",
 }
 
 

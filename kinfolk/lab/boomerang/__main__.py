@@ -1,0 +1,33 @@
+"""`python -m kinfolk.lab.boomerang [--seeds 0 2 4]`: make the seeds' records (distil and measure) in this process.
+
+Two such processes on disjoint seeds use two cores; `python -m kinfolk.lab.protocol analyse real-boomerang` then
+reads the kept records under the committed plan (and makes any still missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kinfolk import console
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kinfolk.lab.boomerang.experiment import RealBoomerang
+    from kinfolk.lab.boomerang.runs import SeedRuns
+
+    parser = argparse.ArgumentParser(prog="python -m kinfolk.lab.boomerang")
+    parser.add_argument("--seeds", type=int, nargs="*", help="default: every seed of the plan's settings")
+    args = parser.parse_args(argv)
+    settings = RealBoomerang().settings
+    seeds = settings.seeds if args.seeds is None else args.seeds
+    with console.quiet(f"{settings.work}/run-{'-'.join(map(str, seeds))}.log", "real-boomerang"):
+        runs = SeedRuns(settings)
+        for seed in seeds:
+            runs.record(seed)
+            console.stage(f"seed {seed}: record kept in {settings.records}/{seed}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The offline text a real-boomerang run distils on and measures on, split once by name so no item is both.
+
+Three sources, all on every machine: technical prose (the standard library's `pydoc_data.topics`), code (the
+standard library's own top-level modules, PSF licence) and chat (instructions made from templates, answered by
+the teacher greedily; its answers are the SFT rows and, on held-out instructions, the measurement). An item's split
+is a function of its name alone (`heldout`), so every seed measures the same held-out rows; a seed draws which
+training rows it distils on and in what order.
+
+>>> heldout("topic:assert"), heldout("topic:comparisons")
+(False, True)
+>>> len(chat_instructions(120)), chat_instructions(2)
+(120, ['Write two sentences about the moon.', 'Write two sentences about a river.'])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sysconfig
+from pathlib import Path
+
+HELDOUT_SHARE = 4  # one item in four is held out
+SOURCES = ("docs", "code", "chat")
+TOPICS = (
+    "the moon", "a river", "coffee", "a library", "winter", "a bicycle", "the ocean", "a city at night",
+    "friendship", "a garden", "mountains", "the first computer", "rain", "a lighthouse", "bread", "music",
+    "a train journey", "honeybees", "the desert", "a chess game", "clocks", "a volcano", "paper", "owls",
+)  # fmt: skip
+TEMPLATES = (
+    "Write two sentences about {}.", "Give three facts about {}.", "Describe {} to a child.",
+    "Suggest a title for a story about {}.", "Why do people like {}?",
+)  # fmt: skip
+
+
+def heldout(name: str) -> bool:
+    """Whether the item called `name` belongs to the held-out (measurement) split."""
+    return hashlib.sha256(name.encode()).digest()[0] % HELDOUT_SHARE == 0
+
+
+def doc_texts() -> dict[str, str]:
+    """The standard library's documentation topics, by name."""
+    from pydoc_data.topics import topics
+
+    return {f"topic:{name}": text.strip() for name, text in sorted(topics.items()) if len(text.strip()) > 400}
+
+
+def code_texts(chunk_chars: int = 1200) -> dict[str, str]:
+    """The standard library's top-level modules, cut into chunks of about `chunk_chars` characters at line ends;
+    chunks are named by their module, so a module's chunks share a split."""
+    chunks = {}
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines, current, index = text.splitlines(keepends=True), "", 0
+        for line in lines:
+            current += line
+            if len(current) >= chunk_chars:
+                chunks[f"module:{path.stem}#{index}"] = current
+                current, index = "", index + 1
+    return chunks
+
+
+def chat_instructions(count: int) -> list[str]:
+    """`count` instructions, template-major (each template over every topic, then the next template)."""
+    instructions = [template.format(topic) for template in TEMPLATES for topic in TOPICS]
+    if count > len(instructions):
+        raise ValueError(f"at most {len(instructions)} chat instructions, asked for {count}")
+    return instructions[:count]
+
+
+def split(items: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(training, held-out) items; a module's chunks follow their module's name."""
+    train, held = {}, {}
+    for name, text in items.items():
+        (held if heldout(name.split("#")[0]) else train)[name] = text
+    return train, held
+
+
+def measurement_names(items: dict[str, str], rows: int) -> list[str]:
+    """The first `rows` held-out items in a fixed shuffled order (the same for every seed)."""
+    names = sorted(split(items)[1])
+    random.Random("boomerang-heldout").shuffle(names)
+    return names[:rows]
+
+
+def training_draw(names: list[str], rows: int, seed: int) -> list[str]:
+    """`rows` training items for one seed, in its order: a shuffle of all of them, repeated as needed."""
+    rng = random.Random(seed)
+    drawn: list[str] = []
+    while len(drawn) < rows:
+        order = sorted(names)
+        rng.shuffle(order)
+        drawn += order
+    return drawn[:rows]

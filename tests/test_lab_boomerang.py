@@ -1,0 +1,91 @@
+"""The real-boomerang experiment in micro on a tiny model: its sizes are `merge patch`'s, its measurement is
+cross-entropy and KL as written by hand, and two seeds run through the protocol's runner."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kinfolk.lab.adapt.reanalysis import depth_concordance
+from kinfolk.lab.boomerang.experiment import RealBoomerang, size_value
+from kinfolk.lab.boomerang.settings import BoomerangSettings
+from kinfolk.lab.boomerang.sizes import TeacherReference, patched_sizes, rows_from
+from kinfolk.lab.protocol.plan import write_plan
+from kinfolk.lab.protocol.runner import run_experiment
+from kinfolk.plugins.adapt import merge
+
+
+@pytest.fixture(scope="module")
+def micro(tiny_kit, tmp_path_factory):
+    root = tmp_path_factory.mktemp("boomerang")
+    return BoomerangSettings(
+        model=str(tiny_kit.model_dir("llama", "large")), layers={"every": 2}, seeds=[0, 1], steps=2, batch_size=2, max_length=128,
+        heldout_rows_per_source=2, chat_prompts=12, answer_tokens=4, work=str(root / "work"),
+        records=str(root / "records"),
+    )  # fmt: skip
+
+
+def test_a_size_built_in_memory_is_the_one_merge_patch_writes(micro, tmp_path):
+    teacher = micro.teacher_dir()
+    student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2, "last": 1}},
+                    tmp_path / "student", progress=False)  # fmt: skip
+    written = merge({"op": "patch", "teacher": str(teacher), "student": str(student), "order": "back-to-front",
+                     "num_patched": 1}, tmp_path / "k1", progress=False)  # fmt: skip
+    sizes = list(patched_sizes(teacher, student, "back-to-front"))
+    assert [s["k"] for s, _ in sizes] == [0, 1, 2, 3] and [s["depth"] for s, _ in sizes] == [3, 3, 3, 4]
+    ids = torch.tensor([[5, 9, 17, 33, 60, 2]])
+    expected = AutoModelForCausalLM.from_pretrained(written).eval()(ids).logits
+    assert torch.equal(sizes[1][1](ids).logits, expected)
+    # every block patched back is the teacher itself
+    assert torch.equal(sizes[-1][1](ids).logits, AutoModelForCausalLM.from_pretrained(teacher).eval()(ids).logits)
+
+
+def test_measurement_is_cross_entropy_and_kl_by_hand(micro, tiny_kit):
+    tokenizer = AutoTokenizer.from_pretrained(micro.teacher_dir())
+    teacher = AutoModelForCausalLM.from_pretrained(micro.teacher_dir()).eval()
+    other = AutoModelForCausalLM.from_pretrained(tiny_kit.model_dir("llama", "large", seed=1)).eval()
+    texts = ["def add(a, b):\n    return a + b\n", "the quick brown fox jumps"]
+    rows = rows_from("code", tokenizer, texts, ["def add", texts[1][:3]], max_length=32)
+    reference = TeacherReference(teacher, [rows])
+    assert reference.measure(teacher)["code"].kl == pytest.approx(0.0, abs=1e-7)
+    measured = reference.measure(other)["code"]
+    nll = kl = 0.0
+    count = agree = 0
+    with torch.no_grad():
+        for text, prefix in zip(texts, ["def add", texts[1][:3]]):
+            ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+            start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+            ours = F.log_softmax(other(ids).logits[0, start - 1 : -1].double(), -1)
+            theirs = F.log_softmax(teacher(ids).logits[0, start - 1 : -1].double(), -1)
+            targets = ids[0, start:]
+            nll += F.nll_loss(ours, targets, reduction="sum").item()
+            kl += F.kl_div(ours, theirs, log_target=True, reduction="sum").item()
+            agree += (ours.argmax(-1) == targets).sum().item()
+            count += len(targets)
+    assert measured.nll == pytest.approx(nll / count, rel=1e-5)
+    assert measured.kl == pytest.approx(kl / count, rel=1e-4)
+    assert measured.agreement == agree / count
+
+
+def test_two_micro_seeds_run_through_the_protocol(micro, tmp_path):
+    experiment = RealBoomerang(micro)
+    plan = tmp_path / "real-boomerang.plan.json"
+    write_plan(experiment.plan(), plan)
+    results = run_experiment(experiment, plan, tmp_path / "protocol")
+    assert results["unit_kind"] == "seed" and results["units"] == [0, 1]
+    kept = [json.loads((Path(micro.records) / f"{seed}.json").read_text()) for seed in (0, 1)]
+    # the undistilled arm does not depend on the seed; the distilled one does
+    assert kept[0]["test"]["undistilled"] == kept[1]["test"]["undistilled"]
+    assert kept[0]["test"]["distilled"] != kept[1]["test"]["distilled"]
+    endpoint = results["endpoints"]["distilled: log-ppl concordance with depth"]
+    for seed, value in zip((0, 1), endpoint["per_unit"]):
+        curves = kept[seed]["test"]["distilled"]
+        by_order = [depth_concordance([p["depth"] for p in points[:-1]], [size_value(p, "nll") for p in points[:-1]],
+                                      higher_is_better=False) for points in curves.values()]  # fmt: skip
+        assert value == pytest.approx(sum(by_order) / 2, abs=1e-6)
+    middle = results["endpoints"]["middle size: log-ppl, undistilled - distilled"]
+    assert middle["per_unit"][0] == pytest.approx(middle["absolute"]["baseline"][0] - middle["absolute"]["method"][0])
+    assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
