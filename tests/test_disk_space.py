@@ -203,6 +203,33 @@ def test_distil_refuses_before_launching_when_student_checkpoints_and_delta_do_n
     assert_command_refused(["distil", *argv], str(out), f"needs {format_bytes(needed)}", destination=out)
 
 
+def test_sft_full_fine_tuning_refuses_before_launching_when_model_and_checkpoints_do_not_fit(
+    tiny_kit, tmp_path, monkeypatch
+):
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.commands import sft
+
+    model = tiny_kit.model_dir("llama", "large")
+    data = tmp_path / "train.jsonl"
+    prompt_completion_dataset(8).to_json(str(data))
+    out = tmp_path / "sft"
+    argv = ["sft", "--model_name_or_path", model, "--dataset_name", data, "--output_dir", out, "--use_cpu"]
+    argv += ["--max_steps", "10", "--save_steps", "5", "--save_total_limit", "1"]
+    parameters = AutoModelForCausalLM.from_pretrained(model).num_parameters()
+    needed = 4 * parameters * (1 + 3 * 2)  # the model; two checkpoints at once (weights, Adam's moments), fp32
+    launched = []
+    monkeypatch.setattr(sft, "launch", lambda *args: launched.append(args) or 0)
+    fake_free(monkeypatch, needed - 1)
+    assert_command_refused(argv, str(out), f"needs {format_bytes(needed)}", destination=out)
+    assert not launched
+    fake_free(monkeypatch, needed)
+    assert main([str(a) for a in argv]) == 0 and len(launched) == 1
+    # with an adapter the checkpoints are small beside the base: no estimate, no refusal
+    fake_free(monkeypatch, 1)
+    assert main([str(a) for a in [*argv, "--use_peft", "--output_dir", tmp_path / "lora"]]) == 0
+
+
 def main_init(teacher, tmp_path) -> str:
     """The student `kinfolk distil`'s default layers give, written by the merge command (for its size)."""
     config = tmp_path / "init.yaml"

@@ -155,7 +155,10 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
 
 
 @pytest.mark.slow
-def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_checkpoint(tiny_kit, tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_checkpoint(
+    tiny_kit, tmp_path, signal_name
+):
     import time
 
     import psutil
@@ -173,9 +176,11 @@ def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_che
     deadline = time.monotonic() + 300
     while not list((out / "training").glob("checkpoint-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(getattr(signal, signal_name))
     stdout, stderr = process.communicate(timeout=180)
-    line = stopped_line(subprocess.CompletedProcess(command, process.returncode, stdout, stderr), "distil", "SIGTERM")
+    line = stopped_line(
+        subprocess.CompletedProcess(command, process.returncode, stdout, stderr), "distil", signal_name
+    )
     assert line.endswith("--resume_from_checkpoint true") and f"checkpoints under {out / 'training'}" in line
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not (out / "distilled").exists()
@@ -187,6 +192,38 @@ def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_che
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming: {step} of 60 steps done" in resumed.stderr
     assert (out / "delta").is_dir() and (out / "distilled").is_dir()
+
+
+@pytest.mark.slow
+def test_an_interrupted_sft_says_it_keeps_its_checkpoints_and_resumes_from_the_last(tiny_kit, tmp_path):
+    import time
+
+    from kinfolk.testing import prompt_completion_dataset
+
+    data = tmp_path / "train.jsonl"
+    prompt_completion_dataset(16).to_json(str(data))
+    out = tmp_path / "sft"
+    argv = ["sft", "--model_name_or_path", str(tiny_kit.model_dir("llama", "large")), "--dataset_name", str(data)]
+    argv += ["--output_dir", str(out), "--weight_column", "none", "--use_cpu", "--report_to", "none", "--seed", "0"]
+    argv += ["--max_steps", "60"]
+    argv += ["--per_device_train_batch_size", "2", "--save_steps", "2", "--save_total_limit", "1"]
+    command = [sys.executable, "-m", "kinfolk", *argv]
+    process = subprocess.Popen(command, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("checkpoint-*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=180)
+    line = stopped_line(subprocess.CompletedProcess(command, process.returncode, stdout, stderr), "sft", "SIGTERM")
+    assert line.endswith("--resume_from_checkpoint true") and f"checkpoints under {out}" in line
+    (last,) = out.glob("checkpoint-*")  # save_total_limit 1: only the last one
+    step = int(last.name.split("-")[1])
+    assert 0 < step < 60
+
+    resumed = run_resume_command(line)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming: {step} of 60 steps done" in resumed.stderr
+    assert (out / "model.safetensors").is_file()
 
 
 def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_them(tmp_path, monkeypatch):

@@ -28,14 +28,21 @@ those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merg
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinfolk import console
 from kinfolk.atomic import check_destination
-from kinfolk.commands.launching import check_launch_arguments, check_resume_checkpoint, launch, remove_tree
+from kinfolk.commands.launching import (
+    check_launch_arguments,
+    check_resume_checkpoint,
+    checkpoints_at_once,
+    launch,
+    remove_tree,
+    resume_from_last_checkpoint,
+    say_resumed,
+)
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, LayerMapError
@@ -126,13 +133,7 @@ def distil_bytes(args: DistilArguments, training_args: LayerDistillationConfig) 
 
     plan = build_plan(InitStudentConfig(teacher=args.teacher, layers=layer_selection(args.layers)))
     student = sum(model.nbytes for model in plan.models)
-    checkpoints = 0
-    if str(training_args.save_strategy) not in ("no", "SaveStrategy.NO"):
-        every = training_args.save_steps
-        saves = round(1 / every) if every < 1 else max(1, training_args.max_steps // max(1, int(every)))
-        limit = training_args.save_total_limit
-        checkpoints = min(saves, limit + 1) if limit else saves
-    return student * (3 + 3 * checkpoints)
+    return student * (3 + 3 * checkpoints_at_once(training_args))
 
 
 def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
@@ -153,26 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     prepare_out(args, training_args)
     keep(
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
-        lambda argv: [*argv, "--resume_from_checkpoint", "true"] if "--resume_from_checkpoint" not in argv else argv,
+        resume_from_last_checkpoint,
     )
-    say_resumed(training_args, Path(args.out) / TRAINING)
+    say_resumed(PROG, training_args, Path(args.out) / TRAINING)
     with console.quiet(Path(args.out) / console.LOG_FILE, PROG, verbose=args.verbose):
         code = launch(__name__, argv, config_remaining, cli_remaining)
     if code == 0:
         print(f"wrote {args.out}: {INIT}/, {DISTILLED}/, {DELTA}/", file=sys.stderr)
     return code
-
-
-def say_resumed(training_args: LayerDistillationConfig, training: Path) -> None:
-    """ "resuming: N of M steps done, from CHECKPOINT" when the run continues from a checkpoint."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    resume = training_args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() == "true":
-        resume = get_last_checkpoint(str(training)) if training.is_dir() else None
-    if resume:
-        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
-        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", PROG)
 
 
 def launched(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kinfolk import console
 from kinfolk.atomic import staging_path
 from kinfolk.commands.parsing import config_file
 from kinfolk.errors import CheckpointError, InputError, MissingInputError
@@ -139,3 +140,33 @@ def last_checkpoint(resume: str | None, output_dir: str | Path) -> str | None:
             f"--resume_from_checkpoint true: {output_dir} holds no checkpoint-N to resume from", path=output_dir
         )
     return found
+
+
+def resume_from_last_checkpoint(argv: list[str]) -> list[str]:
+    """The rerun of an interrupted training verb: its arguments, continuing from the last published checkpoint."""
+    return argv if "--resume_from_checkpoint" in argv else [*argv, "--resume_from_checkpoint", "true"]
+
+
+def say_resumed(prog: str, training_args, output_dir: str | Path) -> None:
+    """ "resuming: N of M steps done, from CHECKPOINT" when the run continues from a checkpoint."""
+    import json
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() == "true":
+        resume = get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
+    if resume:
+        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
+        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", prog)
+
+
+def checkpoints_at_once(training_args) -> int:
+    """How many Trainer checkpoints a run keeps on disk at once: `save_total_limit` of them (+1 being published),
+    or one per save of `max_steps` (0 with saving off)."""
+    if str(training_args.save_strategy) in ("no", "SaveStrategy.NO"):
+        return 0
+    every = training_args.save_steps
+    saves = round(1 / every) if every < 1 else max(1, training_args.max_steps // max(1, int(every)))
+    limit = training_args.save_total_limit
+    return min(saves, limit + 1) if limit else saves

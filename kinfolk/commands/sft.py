@@ -40,13 +40,18 @@ from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 from kinfolk.commands.launching import (
     check_launch_arguments,
     check_resume_checkpoint,
+    checkpoints_at_once,
     last_checkpoint,
     launch,
     remove_tree,
+    resume_from_last_checkpoint,
+    say_resumed,
 )
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.data import load_splits, naming, select_split
+from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, OutputExistsError
+from kinfolk.interrupt import keep
 from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.process_group import end_training
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
@@ -206,9 +211,30 @@ def main(argv: list[str] | None = None) -> int:
     output_options = next((group for group in parsed if isinstance(group, OutputArguments)), OutputArguments())
     check_output_dir(output_options, training_args)
     output_dir = Path(training_args.output_dir)
+    adapter = parsed[2].use_peft or any(getattr(group, "use_atlas", False) for group in parsed)
+    needed = full_fine_tuning_bytes(parsed[2].model_name_or_path, training_args) if not adapter else None
+    if needed is not None:
+        check_free_space(output_dir, needed, "the fine-tuned model and its checkpoints")
     if output_options.overwrite and training_args.resume_from_checkpoint is None and output_dir.is_dir():
         remove_tree(output_dir)
+    keep(f"the published checkpoints under {output_dir}", resume_from_last_checkpoint)
+    say_resumed(PROG, training_args, output_dir)
     return launch(__name__, argv, config_remaining, cli_remaining)
+
+
+def full_fine_tuning_bytes(model: str | None, training_args) -> int | None:
+    """What a full fine-tuning run writes under `--output_dir`: the model and each checkpoint kept at once
+    (weights and Adam's two moments), all fp32, from the parameter count in the model's safetensors headers. None
+    for a model that is not a local directory. (An adapter's checkpoints are small beside its base: not estimated.)"""
+    from math import prod
+
+    from kinfolk.tensors import TensorReader
+
+    if model is None or not Path(model).is_dir():
+        return None
+    reader = TensorReader(model)
+    parameters = sum(prod(reader.shape_and_dtype(name)[0]) for name in reader.names())
+    return 4 * parameters * (1 + 3 * checkpoints_at_once(training_args))
 
 
 def launched(argv: list[str]) -> int:
