@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.lab.adapt.reanalysis import depth_concordance
 from kinfolk.lab.boomerang.experiment import RealBoomerang, size_value
+from kinfolk.lab.boomerang.figure import plot_curves
 from kinfolk.lab.boomerang.settings import BoomerangSettings
 from kinfolk.lab.boomerang.sizes import TeacherReference, patched_sizes, rows_from
 from kinfolk.lab.protocol.plan import write_plan
@@ -89,3 +90,4 @@ def test_two_micro_seeds_run_through_the_protocol(micro, tmp_path):
     middle = results["endpoints"]["middle size: log-ppl, undistilled - distilled"]
     assert middle["per_unit"][0] == pytest.approx(middle["absolute"]["baseline"][0] - middle["absolute"]["method"][0])
     assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
+    assert plot_curves(kept, tmp_path / "curves.png").stat().st_size > 0

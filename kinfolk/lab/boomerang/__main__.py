@@ -1,4 +1,5 @@
-"""`python -m kinfolk.lab.boomerang [--seeds 0 2 4]`: make the seeds' records (distil and measure) in this process.
+"""`python -m kinfolk.lab.boomerang [--seeds 0 2 4] [--figure PATH]`: make the seeds' records (distil and measure)
+in this process; with `--figure`, then draw every kept seed's curves there (`figure.plot_curves`).
 
 Two such processes on disjoint seeds use two cores; `python -m kinfolk.lab.protocol analyse real-boomerang` then
 reads the kept records under the committed plan (and makes any still missing).
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m kinfolk.lab.boomerang")
     parser.add_argument("--seeds", type=int, nargs="*", help="default: every seed of the plan's settings")
+    parser.add_argument("--figure", help="draw the seeds' curves into this PNG once their records are kept")
     args = parser.parse_args(argv)
     settings = RealBoomerang().settings
     seeds = settings.seeds if args.seeds is None else args.seeds
@@ -26,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             runs.record(seed)
             console.stage(f"seed {seed}: record kept in {settings.records}/{seed}.json")
+        if args.figure:
+            from kinfolk.lab.boomerang.figure import plot_curves
+
+            console.show(f"curves: {plot_curves([runs.record(seed) for seed in seeds], args.figure)}")
     return 0
 
 

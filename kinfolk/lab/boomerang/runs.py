@@ -41,7 +41,7 @@ class SeedRuns:
         if not (self.teacher_dir / "config.json").exists():
             raise FileNotFoundError(f"{self.teacher_dir}: no model there (run `make real-models`)")
         self.tokenizer = AutoTokenizer.from_pretrained(self.teacher_dir)
-        self.teacher = AutoModelForCausalLM.from_pretrained(self.teacher_dir, torch_dtype=torch.float32).eval()
+        self.teacher = AutoModelForCausalLM.from_pretrained(self.teacher_dir, dtype=torch.float32).eval()
         self.answers = self._chat_answers()
         self._reference: TeacherReference | None = None
 

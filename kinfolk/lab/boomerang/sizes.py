@@ -106,7 +106,7 @@ def build_size(model_plan: ModelPlan, inputs) -> torch.nn.Module:
     """One planned output model in memory, from exactly the tensors `merge patch` would write."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(model_plan.config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(model_plan.config, dtype=torch.float32)
     state = {tensor.name: materialise(tensor, inputs) for tensor in model_plan.tensors}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model_plan.config.tie_word_embeddings else set()
