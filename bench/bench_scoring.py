@@ -13,8 +13,10 @@ tokens of a prompt/completion dataset whose rows range from a few dozen to sever
 Throughput counts every sequence token (prompt and response, no padding), in tokens per second of process CPU time
 (wall time on a GPU). The three methods take turns over `--repeats` rounds after a warm-up (bench/timing.py); each
 ratio is the median of its per-round ratios, with their interquartile range as its spread. Goals: scorer/bound ≥ 0.90
-(padding and bookkeeping cost < 10%) and scorer/loop ≥ 3; a goal whose spread straddles it is "undecided". Ends with
-one JSON line.
+(padding and bookkeeping cost < 10%) and scorer/loop ≥ 3 on a GPU, where batching is what makes scoring fast. On a
+CPU a batch-1 forward is already compute-bound (the bound itself runs at about the loop's speed, `bound_over_loop`
+≈ 1), so there the loop goal is ≥ 0.90: batching must cost nothing. A goal whose spread straddles it is
+"undecided". Ends with one JSON line.
 
     OMP_NUM_THREADS=1 python bench/bench_scoring.py [--rows 128] [--tokens-per-batch 4096] [--device cuda]
 """
@@ -145,7 +147,10 @@ def main() -> None:
         "rounds": args.repeats,
         "clock": "wall" if args.device.startswith("cuda") else "process cpu",
     }
-    goals = {"scorer_over_bound": ">= 0.90", "scorer_over_loop": ">= 3"}
+    goals = {
+        "scorer_over_bound": ">= 0.90",
+        "scorer_over_loop": ">= 3" if args.device.startswith("cuda") else ">= 0.90",
+    }
     figures = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
     print(json.dumps(report("atlantis_scoring", figures, spreads, goals)))
 
