@@ -114,9 +114,9 @@ class RealBoomerang(Experiment):
         }
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        from kinfolk.lab.boomerang.runs import SeedRuns
+        from kinfolk.lab.boomerang.runs import SeedRuns, kept_record
 
-        return SeedRuns(self.settings).record(unit)
+        return kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         return {}

@@ -29,6 +29,12 @@ def _load(path: Path) -> Any | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def kept_record(settings: BoomerangSettings, seed: int) -> dict[str, Any] | None:
+    """A seed's whole record when it is kept (no model is loaded to read it)."""
+    kept = _load(Path(settings.records) / f"{seed}.json")
+    return kept if kept is not None and kept.get("record_version") == RECORD_VERSION else None
+
+
 class SeedRuns:
     """The shared pieces of every seed (teacher, tokenizer, answers, measurement rows) and each seed's runs."""
 
@@ -160,9 +166,8 @@ class SeedRuns:
 
     def record(self, seed: int) -> dict[str, Any]:
         """The seed's whole record, read back when it is already kept."""
-        path = Path(self.settings.records) / f"{seed}.json"
-        kept = _load(path)
-        if kept is not None and kept.get("record_version") == RECORD_VERSION:
+        kept = kept_record(self.settings, seed)
+        if kept is not None:
             return kept
         undistilled = self.curve(self.init_student(), "undistilled")
         distilled_dir = self.distil(seed)
@@ -175,5 +180,5 @@ class SeedRuns:
             "validation": {},
             "test": {"distilled": distilled, "undistilled": undistilled},
         }
-        write_json(path, record)
+        write_json(Path(self.settings.records) / f"{seed}.json", record)
         return record
