@@ -157,8 +157,9 @@ def say_resumed(prog: str, training_args, output_dir: str | Path) -> None:
     if isinstance(resume, str) and resume.lower() == "true":
         resume = get_last_checkpoint(str(output_dir)) if Path(output_dir).is_dir() else None
     if resume:
-        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
-        console.stage(f"resuming: {done:,} of {training_args.max_steps:,} steps done, from {resume}", prog)
+        done = json.loads((Path(resume) / "trainer_state.json").read_text()).get("global_step")
+        steps = "" if done is None else f"{done:,} of {training_args.max_steps:,} steps done, "
+        console.stage(f"resuming: {steps}from {resume}", prog)
 
 
 def checkpoints_at_once(training_args) -> int:
