@@ -91,3 +91,13 @@ def test_two_micro_seeds_run_through_the_protocol(micro, tmp_path):
     assert middle["per_unit"][0] == pytest.approx(middle["absolute"]["baseline"][0] - middle["absolute"]["method"][0])
     assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
     assert plot_curves(kept, tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    committed = root / "docs" / "results" / "real-boomerang.json"
+    monkeypatch.chdir(root)  # the plan's settings name the records relative to the repository
+    results = run_experiment(RealBoomerang(), root / "docs" / "results" / "real-boomerang.plan.json", tmp_path)
+    expected = json.loads(committed.read_text())
+    assert results["plan_sha256"] == expected["plan_sha256"]
+    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]

@@ -11,6 +11,7 @@ from kinfolk.lab.boomerang.experiment import size_value
 from kinfolk.lab.boomerang.sizes import ORDERS
 from kinfolk.lab.plots import plot_families, save_figure
 
+KL_AXIS_FLOOR = 1e-2
 MEASURES = (("nll", "log perplexity (mean over sources)", False), ("kl", "KL(teacher || size), nats/token", True))
 
 
@@ -23,16 +24,18 @@ def plot_curves(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     figure, axes = plt.subplots(len(MEASURES), len(ORDERS), figsize=(9, 6.5), squeeze=False)
     for column, order in enumerate(ORDERS):
         depths = [point["depth"] for point in records[0]["test"]["distilled"][order]]
-        for row, (measure, label, geometric) in enumerate(MEASURES):
+        for row, (measure, axis_label, geometric) in enumerate(MEASURES):
             axis = axes[row][column]
             sizes = slice(None, -1) if geometric else slice(None)  # the teacher's KL is 0: off a log axis
-            for arm, colour in (("distilled", "C0"), ("undistilled", "C1")):
+            for arm, colour, legend in (("distilled", "C0", f"distilled ({len(records)} seeds)"),
+                                        ("undistilled", "C1", "undistilled (one curve)")):  # fmt: skip
                 values = [[size_value(p, measure) for p in r["test"][arm][order]][sizes] for r in records]
-                plot_families(axis, depths[sizes], values, colour, f"{arm} ({len(records)} seeds)", geometric)
-            if geometric:
+                plot_families(axis, depths[sizes], values, colour, legend, geometric)
+            if geometric:  # sizes whose every block is the teacher's have KL 0 (float noise): below the axis
                 axis.set_yscale("log")
+                axis.set_ylim(bottom=KL_AXIS_FLOOR)
             axis.set_xlabel(f"depth (layers), patched {order}", fontsize=8)
-            axis.set_ylabel(label, fontsize=8)
+            axis.set_ylabel(axis_label, fontsize=8)
             axis.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=7)
     return save_figure(figure, path)
