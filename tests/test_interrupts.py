@@ -50,6 +50,14 @@ def stopped_line(done: subprocess.CompletedProcess, verb: str, signal_name: str)
     return lines[0]
 
 
+def last_checkpoint_step(directory: Path) -> int:
+    """The step of the last published checkpoint. With `save_total_limit` 1 the Trainer deletes the older one only
+    after the newer is saved, so a signal in between leaves two, and the rerun resumes from the last."""
+    steps = sorted(int(path.name.split("-")[1]) for path in directory.glob("checkpoint-*"))
+    assert 1 <= len(steps) <= 2, steps
+    return steps[-1]
+
+
 def in_process(argv: list[str]) -> tuple[int, str]:
     """`kinfolk ARGV` in this process: its exit code and what it wrote to stderr."""
     from kinfolk.commands import main
@@ -184,8 +192,7 @@ def test_an_interrupted_distil_stops_its_processes_and_resumes_from_the_last_che
     assert line.endswith("--resume_from_checkpoint true") and f"checkpoints under {out / 'training'}" in line
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not (out / "distilled").exists()
-    (last,) = (out / "training").glob("checkpoint-*")  # save_total_limit 1: only the last one
-    step = int(last.name.split("-")[1])
+    step = last_checkpoint_step(out / "training")
     assert 0 < step < 60
 
     resumed = run_resume_command(line)
@@ -216,8 +223,7 @@ def test_an_interrupted_sft_says_it_keeps_its_checkpoints_and_resumes_from_the_l
     stdout, stderr = process.communicate(timeout=180)
     line = stopped_line(subprocess.CompletedProcess(command, process.returncode, stdout, stderr), "sft", "SIGTERM")
     assert line.endswith("--resume_from_checkpoint true") and f"checkpoints under {out}" in line
-    (last,) = out.glob("checkpoint-*")  # save_total_limit 1: only the last one
-    step = int(last.name.split("-")[1])
+    step = last_checkpoint_step(out)
     assert 0 < step < 60
 
     resumed = run_resume_command(line)
