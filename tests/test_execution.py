@@ -21,16 +21,20 @@ from kinfolk.eval_tasks.sandbox_child import SANDBOX_UID_BASE
 QUICK = SandboxLimits(timeout_seconds=2.0)
 
 
+def process_uids() -> dict[int, int]:
+    """Every live process's real uid, by pid."""
+    uids = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                uids[int(entry)] = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            pass
+    return uids
+
+
 def processes_of(uid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as status:
-                    count += any(line.startswith("Uid:") and line.split()[1] == str(uid) for line in status)
-            except OSError:
-                pass
-    return count
+    return sum(owner == uid for owner in process_uids().values())
 
 
 def no_survivors(uid: int, baseline: int, seconds: float = 5.0) -> bool:
@@ -118,16 +122,14 @@ def test_detached_grandchild_dies_with_the_sandbox(tmp_path):
 
 def sandbox_waiting_for(marker: str) -> bool:
     """Whether a sandboxed program that mentions `marker` runs under a sandbox uid (so its limits are set)."""
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for pid, uid in process_uids().items():
+        if uid < SANDBOX_UID_BASE:
+            continue
         try:
-            with open(f"/proc/{entry}/status") as status:
-                uid = next(int(line.split()[1]) for line in status if line.startswith("Uid:"))
-            if uid >= SANDBOX_UID_BASE:
-                program = os.path.join(os.readlink(f"/proc/{entry}/cwd"), "program.py")
-                with open(program) as handle:
-                    if marker in handle.read():
-                        return True
-        except (OSError, StopIteration):
+            with open(os.path.join(os.readlink(f"/proc/{pid}/cwd"), "program.py")) as handle:
+                if marker in handle.read():
+                    return True
+        except OSError:
             pass
     return False
 

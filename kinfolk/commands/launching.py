@@ -14,6 +14,7 @@ kinfolk.errors.InputError: unrecognized option --weight_colum: neither a kinfolk
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -149,8 +150,6 @@ def resume_from_last_checkpoint(argv: list[str]) -> list[str]:
 
 def say_resumed(prog: str, training_args, output_dir: str | Path) -> None:
     """ "resuming: N of M steps done, from CHECKPOINT" when the run continues from a checkpoint."""
-    import json
-
     from transformers.trainer_utils import get_last_checkpoint
 
     resume = training_args.resume_from_checkpoint

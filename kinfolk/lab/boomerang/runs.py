@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +83,17 @@ class SeedRuns:
         write_json(path, answers)
         return answers
 
+    @cached_property
     def sources(self) -> dict[str, dict[str, str]]:
-        """Every item of every source by name (chat items are the instruction with the teacher's answer)."""
+        """Every item of every source by name (chat items are the instruction with the teacher's answer); read once
+        per process (the code source reads every standard-library module)."""
         chat = {f"chat:{i}": self._chat_text(i, a) for i, a in self.answers.items()}
         return {"docs": corpus.doc_texts(), "code": corpus.code_texts(), "chat": chat}
 
     def reference(self) -> TeacherReference:
         if self._reference is None:
             rows = []
-            for source, items in self.sources().items():
+            for source, items in self.sources.items():
                 names = corpus.measurement_names(items, self.settings.heldout_rows_per_source)
                 prefixes = None
                 if source == "chat":
@@ -104,7 +107,7 @@ class SeedRuns:
         """The seed's two phases: pre-training text (docs and code items) and chat SFT rows, drawn by the seed."""
         from datasets import Dataset
 
-        sources = self.sources()
+        sources = self.sources
         text = {**corpus.split(sources["docs"])[0], **corpus.split(sources["code"])[0]}
         drawn = corpus.training_draw(list(text), self.settings.pretraining_rows, seed)
         pretraining = Dataset.from_dict({"text": [text[name] for name in drawn]})

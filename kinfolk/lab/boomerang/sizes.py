@@ -109,7 +109,7 @@ def build_size(model_plan: ModelPlan, inputs) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(model_plan.config, dtype=torch.float32)
     state = {tensor.name: materialise(tensor, inputs) for tensor in model_plan.tensors}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if model_plan.config.tie_word_embeddings else set()
+    tied = {f"{inputs['teacher'].layout.lm_head}.weight"} if model_plan.config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"patched size: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
     model.tie_weights()
