@@ -13,7 +13,8 @@ from kinfolk.lab.adapt.reanalysis import depth_concordance
 from kinfolk.lab.boomerang.experiment import RealBoomerang, size_value
 from kinfolk.lab.boomerang.figure import plot_curves
 from kinfolk.lab.boomerang.settings import BoomerangSettings
-from kinfolk.lab.boomerang.sizes import TeacherReference, patched_sizes, rows_from
+from kinfolk.lab.boomerang.sizes import patched_sizes
+from kinfolk.lab.heldout import TeacherReference, rows_from
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
 from kinfolk.plugins.adapt import merge

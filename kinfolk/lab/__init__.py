@@ -8,7 +8,8 @@ skill scores), `tasks` (the `kinfolk_lab_*` lm-eval tasks), `replication` (runni
 runner and its statistics; `protocol.EXPERIMENTS` lists the experiments), one package per experiment (`atlas`,
 `adapt`, `atlantis`: its runs for `kinfolk lab experiment ...` and its protocol-2 re-analysis; ATLANTIS's runs are
 still the module `atlantis_experiment`), `boomerang` (a real checkpoint's every size between its student and
-itself, units = seeds), `plots` (figure helpers), `results_doc` (docs/results.md from the results
+itself, units = seeds), `real_atlas` (ATLAS against LoRA, its norm-matched control, OSF and Output-KL on a real
+checkpoint, units = seeds), `heldout` (a model measured against a reference on held-out rows, for both), `plots` (figure helpers), `results_doc` (docs/results.md from the results
 JSON), `report` (report.md and plots) and `demo` (`kinfolk demo`). The command line is `kinfolk.commands.lab`.
 Nothing heavy is imported here.
 """

@@ -95,6 +95,7 @@ def lab_trainer(
     weight_column: str | None = None,
     progress: bool = True,
     retained_dataset: Dataset | None = None,
+    max_length: int = MAX_LENGTH,
     **config_overrides,
 ):
     """A `WeightedSFTTrainer` for `steps` optimiser steps of `batch_size` examples on the CPU.
@@ -118,7 +119,7 @@ def lab_trainer(
         warmup_steps=min(50, steps // 10),
         weight_column=weight_column,
         prompt_loss_weight=prompt_loss_weight,
-        max_length=MAX_LENGTH,
+        max_length=max_length,
         logging_steps=max(1, steps // 5),
         save_strategy="no",
         report_to=[],

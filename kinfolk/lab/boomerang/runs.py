@@ -20,7 +20,8 @@ from kinfolk import console
 from kinfolk.atomic import write_json
 from kinfolk.lab.boomerang import corpus
 from kinfolk.lab.boomerang.settings import BoomerangSettings
-from kinfolk.lab.boomerang.sizes import ORDERS, TeacherReference, patched_sizes, rows_from
+from kinfolk.lab.boomerang.sizes import ORDERS, patched_sizes
+from kinfolk.lab.heldout import TeacherReference, chat_text, greedy_answers, rows_from
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 
 RECORD_VERSION = 1
@@ -53,14 +54,6 @@ class SeedRuns:
         self._reference: TeacherReference | None = None
 
     # ------------------------------------------------------------------------------------------ data
-    def _chat_text(self, instruction: str, answer: str | None) -> str:
-        messages = [{"role": "user", "content": instruction}]
-        if answer is None:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        messages.append({"role": "assistant", "content": answer})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False)
-
-    @torch.no_grad()
     def _chat_answers(self) -> dict[str, str]:
         """The teacher's greedy answer to every instruction (deterministic; kept in the work directory)."""
         path = self.work / "chat-answers.json"
@@ -69,17 +62,7 @@ class SeedRuns:
         if cached is not None and list(cached) == instructions:
             return cached
         console.stage(f"the teacher answers {len(instructions)} instructions (greedy)")
-        tokenizer, answers = self.tokenizer, {}
-        tokenizer.padding_side = "left"
-        for start in range(0, len(instructions), 16):
-            part = instructions[start : start + 16]
-            batch = tokenizer([self._chat_text(i, None) for i in part], return_tensors="pt", padding=True,
-                              add_special_tokens=False)  # fmt: skip
-            output = self.teacher.generate(**batch, max_new_tokens=self.settings.answer_tokens, do_sample=False,
-                                           pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-            for instruction, tokens in zip(part, output[:, batch["input_ids"].shape[1] :]):
-                answers[instruction] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        tokenizer.padding_side = "right"
+        answers = greedy_answers(self.teacher, self.tokenizer, instructions, self.settings.answer_tokens)
         write_json(path, answers)
         return answers
 
@@ -87,7 +70,7 @@ class SeedRuns:
     def sources(self) -> dict[str, dict[str, str]]:
         """Every item of every source by name (chat items are the instruction with the teacher's answer); read once
         per process (the code source reads every standard-library module)."""
-        chat = {f"chat:{i}": self._chat_text(i, a) for i, a in self.answers.items()}
+        chat = {f"chat:{i}": chat_text(self.tokenizer, i, a) for i, a in self.answers.items()}
         return {"docs": corpus.doc_texts(), "code": corpus.code_texts(), "chat": chat}
 
     def reference(self) -> TeacherReference:
@@ -97,7 +80,7 @@ class SeedRuns:
                 names = corpus.measurement_names(items, self.settings.heldout_rows_per_source)
                 prefixes = None
                 if source == "chat":
-                    prefixes = [self._chat_text(name.removeprefix("chat:"), None) for name in names]
+                    prefixes = [chat_text(self.tokenizer, name.removeprefix("chat:"), None) for name in names]
                 texts = [items[name] for name in names]
                 rows.append(rows_from(source, self.tokenizer, texts, prefixes, self.settings.max_length))
             self._reference = TeacherReference(self.teacher, rows)

@@ -60,5 +60,9 @@ class BoomerangSettings:
     def teacher_dir(self) -> Path:
         if Path(self.model).is_dir():
             return Path(self.model)
-        root = Path(os.environ.get(REAL_MODELS_ENV, Path.home() / ".cache" / "kinfolk" / "real-models"))
-        return root / self.model
+        return real_models_root() / self.model
+
+
+def real_models_root() -> Path:
+    """Where `make real-models` puts the converted checkpoints and retained texts."""
+    return Path(os.environ.get(REAL_MODELS_ENV, Path.home() / ".cache" / "kinfolk" / "real-models"))

@@ -7,7 +7,7 @@ resumable, refusing runs of another plan). `EXPERIMENTS` lists every experiment,
 class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
-['adapt', 'atlantis', 'atlas', 'real-boomerang']
+['adapt', 'atlantis', 'atlas', 'real-atlas', 'real-boomerang']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -26,6 +26,7 @@ EXPERIMENTS: dict[str, str] = {
     "atlas": "kinfolk.lab.atlas.reanalysis:AtlasReanalysis",
     "adapt": "kinfolk.lab.adapt.reanalysis:AdaptReanalysis",
     "real-boomerang": "kinfolk.lab.boomerang.experiment:RealBoomerang",
+    "real-atlas": "kinfolk.lab.real_atlas.experiment:RealAtlas",
 }
 
 

@@ -1,0 +1,146 @@
+"""The real-atlas experiment in micro on a tiny model: its splits are disjoint, its methods train as many parameters,
+its selection follows the written rule on validation, its endpoints are the test numbers of what was chosen, and a
+kept adapter reloads with `PeftModel.from_pretrained` to the KL its record reports (recomputed by hand)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kinfolk.lab.protocol.plan import write_plan
+from kinfolk.lab.protocol.runner import run_experiment
+from kinfolk.lab.real_atlas import corpus, selection
+from kinfolk.lab.real_atlas.experiment import RealAtlas
+from kinfolk.lab.real_atlas.settings import RealAtlasSettings
+
+
+def roman(number: int) -> str:
+    digits = [(50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")]
+    out = ""
+    for value, letters in digits:
+        while number >= value:
+            out, number = out + letters, number - value
+    return out
+
+
+@pytest.fixture(scope="module")
+def micro(tiny_kit, tmp_path_factory):
+    root = tmp_path_factory.mktemp("real-atlas")
+    prose = root / "sonnets.txt"
+    prose.write_text("".join(f"{n}\n  the {i}th verse of love\n  and time that passes by\n" for i, n in enumerate(map(roman, range(1, 61))))
+                     + "THE END\n")  # fmt: skip
+    return RealAtlasSettings(
+        model=str(tiny_kit.model_dir("llama", "large")), rank=2, seeds=[0, 1], steps=2, checkpoint_every=1,
+        batch_size=2, max_length=48, code_rows=2, retained_rows=1, fit_rows=2, chat_prompts=40, answer_tokens=4,
+        prose_file=str(prose), work=str(root / "work"), records=str(root / "records"),
+        learning_rates={"lora": 1e-2, "atlas": 1e-2, "norm-matched": 1e-2, "osf": 1e-3, "lora+output-kl": 1e-2},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(micro, tmp_path_factory):
+    experiment = RealAtlas(micro)
+    plan = tmp_path_factory.mktemp("plan") / "real-atlas.plan.json"
+    write_plan(experiment.plan(), plan)
+    return run_experiment(experiment, plan, tmp_path_factory.mktemp("protocol"))
+
+
+def _record(micro, seed: int) -> dict:
+    return json.loads((Path(micro.records) / str(seed) / "record.json").read_text())
+
+
+def test_no_item_is_in_two_splits_and_a_module_stays_in_one(micro):
+    sources = corpus.text_sources(micro.prose_path())
+    for seed in (0, 1):
+        draw = corpus.draw(sources, seed)
+        for source, by_split in draw.names.items():
+            seen = [set(names) for names in by_split.values()]
+            assert sum(map(len, seen)) == len(sources[source]) == len(set().union(*seen))
+        modules = {split: {n.split("#")[0] for n in names} for split, names in draw.names["code"].items()}
+        assert not modules["train"] & modules["test"] and not modules["train"] & modules["validation"]
+    assert corpus.draw(sources, 0).names != corpus.draw(sources, 1).names  # each seed resamples the splits
+
+
+def test_selection_on_hand_made_runs():
+    def run(*points):
+        return [{"step": step, "gain": gain, "kl": {"a": kl, "b": kl * 4}} for step, gain, kl in points]
+
+    slow = run((0, 0.0, 0.0), (12, 0.1, 0.001), (24, 0.3, 0.004))
+    fast = run((0, 0.0, 0.0), (12, 0.3, 0.010), (24, 0.5, 0.020))
+    assert selection.drift(slow[1]) == pytest.approx(0.002)  # geometric mean of 0.001 and 0.004
+    assert selection.levels({"high": 0.5}, fast) == {"high": 0.25}
+    assert selection.checkpoint_at(fast, 0.25) == 12 and selection.checkpoint_at(slow, 0.25) == 24
+    assert selection.choose_run({"slow": slow, "fast": fast}, 0.25) == "slow"  # 0.008 < 0.02 at the level
+    assert selection.choose_run({"slow": slow, "fast": fast}, 0.6) == "fast"  # none reaches: the farthest
+    assert selection.choose_baseline_run({"slow": slow, "fast": fast}) == "fast"
+
+
+def test_methods_train_matched_parameters(micro, results):
+    runs = _record(micro, 0)["runs"]
+    hidden = AutoModelForCausalLM.from_pretrained(micro.model_dir()).config.hidden_size
+    lora = 2 * micro.rank * hidden
+    assert {m: runs[m]["trainable"] for m in ("lora", "atlas", "norm-matched", "lora+output-kl")} == dict.fromkeys(
+        ("lora", "atlas", "norm-matched", "lora+output-kl"), lora
+    )
+    assert runs["osf"]["trainable"] == lora + micro.rank  # U, V and the r singular values
+
+
+def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results):
+    assert results["unit_kind"] == "seed" and results["units"] == [0, 1]
+    experiment = RealAtlas(micro)
+    for index, seed in enumerate((0, 1)):
+        record = _record(micro, seed)
+        runs = record["runs"]
+        validation = {m: [{"step": p["step"], **p["validation"]} for p in r["points"]] for m, r in runs.items()}
+        top = max(p["gain"] for p in validation["lora"] if p["step"] > 0)
+        level = micro.gain_levels["high"] * top
+        for other in ("lora", "norm-matched", "osf"):
+            steps = {}
+            for method in ("atlas", other):
+                reaching = [p for p in validation[method] if p["step"] > 0 and p["gain"] >= level]
+                best = min(reaching, key=lambda p: math.prod(p["kl"].values()), default=None)
+                steps[method] = None if best is None else best["step"]
+            entry = results["endpoints"][f"high: atlas vs {other}, log drift ratio"]
+            if None in steps.values():
+                assert entry["per_unit"][index] is None
+                continue
+            ours, theirs = (
+                next(p["test"]["kl"] for p in runs[method]["points"] if p["step"] == steps[method])
+                for method in ("atlas", other)
+            )
+            expected = sum(math.log(ours[s] / theirs[s]) for s in corpus.RETAINED_SOURCES) / 3
+            assert entry["per_unit"][index] == pytest.approx(expected, abs=1e-5)
+    assert set(results["endpoints"]) >= {e.name for e in experiment.primaries()}
+    assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
+
+
+def test_a_kept_adapter_reloads_to_the_kl_its_record_reports(micro, results):
+    record = _record(micro, 0)
+    chosen = RealAtlas(micro).select(record)["checkpoints"]["mid"]
+    method = next(m for m in ("atlas", "lora", "osf") if chosen[m] is not None)
+    point = next(p for p in record["runs"][method]["points"] if p["step"] == chosen[method])
+    contexts = json.loads((Path(micro.records) / "0" / "contexts.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(micro.model_dir())
+    frozen = AutoModelForCausalLM.from_pretrained(micro.model_dir()).eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(micro.model_dir()),
+        Path(micro.records) / "0" / "adapters" / f"mid-{method}",
+    ).eval()
+    for source in corpus.RETAINED_SOURCES:
+        total = count = 0.0
+        for row in contexts[f"test/{source}"]:
+            ids = torch.tensor([tokenizer(row["text"], add_special_tokens=False)["input_ids"][: micro.max_length]])
+            start = len(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]) if "prompt" in row else 1
+            with torch.no_grad():
+                ours = F.log_softmax(adapted(ids).logits[0, start - 1 : -1].double(), -1)
+                theirs = F.log_softmax(frozen(ids).logits[0, start - 1 : -1].double(), -1)
+            total += F.kl_div(ours, theirs, log_target=True, reduction="sum").item()
+            count += ids.shape[1] - start
+        # the record's KL comes from fp32 log-probabilities: about 1e-7 nats off per position at most
+        assert point["test"]["kl"][source] == pytest.approx(total / count, rel=1e-3, abs=1e-7)
+        assert total / count > 1e-6  # the adapter did move this source: the check above is not of zeros
