@@ -4,6 +4,7 @@ kept adapter reloads with `PeftModel.from_pretrained` to the KL its record repor
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,19 @@ def test_a_kept_adapter_reloads_to_the_kl_its_record_reports(micro, results):
         # the record's KL comes from fp32 log-probabilities: about 1e-7 nats off per position at most
         assert point["test"]["kl"][source] == pytest.approx(total / count, rel=1e-3, abs=1e-7)
         assert total / count > 1e-6  # the adapter did move this source: the check above is not of zeros
+
+
+def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_taken_over(tmp_path):
+    import subprocess
+
+    from kinfolk.lab.real_atlas.runs import claimed
+
+    # this process holds it and is alive: a second claim waits its turn
+    with claimed(tmp_path) as first, claimed(tmp_path) as second:
+        assert (first, second) == (True, False)
+    assert not (tmp_path / "claimed-by").exists()  # released
+    finished = subprocess.Popen(["true"])  # once reaped, its pid names no live process
+    finished.wait()
+    (tmp_path / "claimed-by").write_text(str(finished.pid))
+    with claimed(tmp_path) as taken:
+        assert taken and (tmp_path / "claimed-by").read_text() == str(os.getpid())

@@ -1,9 +1,9 @@
 """`python -m kinfolk.lab.real_atlas --pilot [--methods M ...]`: the pilot's runs of those methods (default all);
 once every method's pilot runs are kept, the choices go to `docs/results/real-atlas-pilot.json`.
 
-`python -m kinfolk.lab.real_atlas [--seeds S ...] [--part I/N]`: the plan's runs (every method of every seed, or
-the I-th of N interleaved shares of them, so N one-thread processes share the work); then the record of every seed
-whose runs are all kept. `python -m kinfolk.lab.protocol analyse real-atlas` reads the records under the plan.
+`python -m kinfolk.lab.real_atlas [--seeds S ...]`: the plan's runs, every method of every seed; then the record
+of every seed whose runs are all kept. Processes started alike share the runs: each claims the next run no live
+process holds (`runs.claimed`), so two one-thread processes use two cores. `python -m kinfolk.lab.protocol analyse real-atlas` reads the records under the plan.
 """
 
 from __future__ import annotations
@@ -28,28 +28,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pilot", action="store_true", help="the pilot seed's runs (validation only)")
     parser.add_argument("--methods", nargs="*", help="default: every method of the settings")
     parser.add_argument("--seeds", type=int, nargs="*", help="default: every seed of the settings")
-    parser.add_argument("--part", default="1/1", help="I/N: this process's share of the runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # two processes on two cores; one thread gives every reduction one order
     settings = RealAtlas().settings
     methods = args.methods or list(settings.methods)
-    name = f"pilot-{'-'.join(methods)}" if args.pilot else f"part-{args.part.replace('/', '-of-')}"
+    import os
+
+    name = f"{'pilot' if args.pilot else 'runs'}-{os.getpid()}"
     with console.quiet(f"{settings.work}/{name}.log", "real-atlas"):
         if args.pilot:
             from kinfolk.lab.real_atlas.pilot import choose, pilot_runs
 
             runs = SeedRuns(settings, splits=("validation",))
-            pilot_runs(runs, methods)
-            if set(methods) == set(settings.methods):
+            kept = pilot_runs(runs, methods)
+            if set(methods) == set(settings.methods) and all(run is not None for run in kept.values()):
                 write_json(PILOT_FILE, choose(runs))
                 console.show(f"pilot choices: {PILOT_FILE}")
             return 0
         runs = SeedRuns(settings, splits=SPLITS)
-        index, count = (int(part) for part in args.part.split("/"))
         seeds = settings.seeds if args.seeds is None else args.seeds
-        tasks = [(seed, method) for seed in seeds for method in methods]
-        for seed, method in tasks[index - 1 :: count]:
-            runs.method_run(seed, method)
+        for seed in seeds:
+            for method in methods:
+                runs.method_run(seed, method)
         for seed in seeds:
             if all(runs.run_kept(seed, method) for method in settings.methods):
                 runs.record(seed)

@@ -24,12 +24,16 @@ def _validation(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"step": p["step"], **p["validation"]} for p in run["points"]]
 
 
-def pilot_runs(runs: SeedRuns, methods: list[str]) -> dict[str, dict[str, Any]]:
-    """The pilot's runs of `methods` by name (Output-KL's at LoRA's chosen rate, so LoRA's runs come first)."""
-    done: dict[str, dict[str, Any]] = {}
+def pilot_runs(runs: SeedRuns, methods: list[str]) -> dict[str, dict[str, Any] | None]:
+    """The pilot's runs of `methods` by name (None: another process's, still running). Output-KL's run at LoRA's
+    chosen rate, so they wait for every LoRA run: LoRA comes first in `methods`."""
+    done: dict[str, dict[str, Any] | None] = {}
     for method in methods:
         if method == "lora+output-kl":
             lora = {run_name(BASELINE, r, None): runs.run(PILOT_SEED, BASELINE, r) for r in PILOT_RATES[BASELINE]}
+            if any(run is None for run in lora.values()):
+                done[method] = None
+                continue
             rate = lora[selection.choose_baseline_run({n: _validation(r) for n, r in lora.items()})]["learning_rate"]
             for coef in PILOT_OUTPUT_KL_COEFS:
                 done[run_name(method, rate, coef)] = runs.run(PILOT_SEED, method, rate, coef)
@@ -43,6 +47,8 @@ def choose(runs: SeedRuns) -> dict[str, Any]:
     """Every method's learning rate and Output-KL's strength, from the pilot seed's validation checkpoints."""
     s = runs.settings
     every = pilot_runs(runs, list(s.methods))
+    if any(run is None for run in every.values()):
+        raise RuntimeError("the pilot's runs are not all kept yet")
     by_method: dict[str, dict[str, list]] = {}
     for name, run in every.items():
         by_method.setdefault(run["method"], {})[name] = _validation(run)

@@ -14,10 +14,13 @@ written under `settings.records/<seed>/` once every method's run is kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,41 @@ def run_name(method: str, learning_rate: float, strength: float | None) -> str:
     'lora+output-kl-lr0.001-s3'
     """
     return f"{method}-lr{learning_rate:g}" + ("" if strength is None else f"-s{strength:g}")
+
+
+@contextlib.contextmanager
+def claimed(where: Path) -> Iterator[bool]:
+    """Claim the run folder `where` for this process (True) unless a live process holds it (False); a claim left
+    by a process that died is taken over. The claim is released when the block ends."""
+    where.mkdir(parents=True, exist_ok=True)
+    claim = where / "claimed-by"
+    try:
+        handle = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        holder = claim.read_text().strip()
+        if not holder or _alive(int(holder)):  # empty: its holder is writing its pid right now
+            yield False
+            return
+        claim.unlink(missing_ok=True)
+        with claimed(where) as ours:
+            yield ours
+        return
+    os.write(handle, str(os.getpid()).encode())
+    os.close(handle)
+    try:
+        yield True
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def kept_record(settings: RealAtlasSettings, seed: int) -> dict[str, Any] | None:
@@ -244,34 +282,41 @@ class SeedRuns:
     def where(self, seed: int, method: str, learning_rate: float, strength: float | None) -> Path:
         return self.work / f"seed-{seed}" / run_name(method, learning_rate, strength)
 
-    def run(self, seed: int, method: str, learning_rate: float, strength: float | None = None) -> dict[str, Any]:
-        """One run, kept under the work directory (with its checkpoints' adapters) once finished."""
+    def run(
+        self, seed: int, method: str, learning_rate: float, strength: float | None = None
+    ) -> dict[str, Any] | None:
+        """One run, kept under the work directory (with its checkpoints' adapters) once finished; None while another
+        live process has claimed it (so processes started alike share the runs instead of repeating them)."""
         name = run_name(method, learning_rate, strength)
         where = self.where(seed, method, learning_rate, strength)
-
-        def compute() -> dict[str, Any]:
+        if (where / "run.json").exists():
+            return json.loads((where / "run.json").read_text())
+        with claimed(where) as ours:
+            if not ours:
+                console.stage(f"seed {seed}: {name} is another process's")
+                return None
             console.stage(f"seed {seed}: {name}")
-            return self.train(seed, method, learning_rate, strength, where)
-
-        return cached_json(where / "run.json", compute)
+            return cached_json(where / "run.json", lambda: self.train(seed, method, learning_rate, strength, where))
 
     def _planned(self, method: str) -> tuple[float, float | None]:
         """The plan's learning rate (and, for Output-KL, strength) of `method`."""
         s = self.settings
         return s.learning_rates[method], (s.output_kl_coef if method == "lora+output-kl" else None)
 
-    def method_run(self, seed: int, method: str) -> dict[str, Any]:
+    def method_run(self, seed: int, method: str) -> dict[str, Any] | None:
         return self.run(seed, method, *self._planned(method))
 
     def run_kept(self, seed: int, method: str) -> bool:
         return (self.where(seed, method, *self._planned(method)) / "run.json").exists()
 
-    def record(self, seed: int) -> dict[str, Any]:
+    def record(self, seed: int) -> dict[str, Any] | None:
         """The seed's record (every method's run), its measured rows and chosen adapters, kept once whole."""
         kept = kept_record(self.settings, seed)
         if kept is not None:
             return kept
         runs = {method: self.method_run(seed, method) for method in self.settings.methods}
+        if any(run is None for run in runs.values()):
+            return None  # another process is finishing one of them, and will write the record
         state = self.state(seed)
         record = {
             "record_version": RECORD_VERSION,
