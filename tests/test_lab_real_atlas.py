@@ -78,7 +78,7 @@ def test_selection_on_hand_made_runs():
     assert selection.checkpoint_at(fast, 0.25) == 12 and selection.checkpoint_at(slow, 0.25) == 24
     assert selection.choose_run({"slow": slow, "fast": fast}, 0.25) == "slow"  # 0.008 < 0.02 at the level
     assert selection.choose_run({"slow": slow, "fast": fast}, 0.6) == "fast"  # none reaches: the farthest
-    assert selection.choose_baseline_run({"slow": slow, "fast": fast}) == "fast"
+    assert selection.pilot_level({"slow": slow, "fast": fast}, 0.5) == 0.25  # of the best gain any run reaches
 
 
 def test_methods_train_matched_parameters(micro, results):
@@ -120,31 +120,41 @@ def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results)
     assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
 
 
-def test_a_kept_adapter_reloads_to_the_kl_its_record_reports(micro, results):
-    record = _record(micro, 0)
-    chosen = RealAtlas(micro).select(record)["checkpoints"]["mid"]
-    method = next(m for m in ("atlas", "lora", "osf") if chosen[m] is not None)
+def recomputed_kl(model_dir, adapter_dir, contexts: dict, source: str, max_length: int) -> float:
+    """KL(frozen || adapted) per token on a source's test rows, in float64 from the reloaded adapter."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    frozen = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter_dir).eval()
+    total = count = 0.0
+    for row in contexts[f"test/{source}"]:
+        ids = torch.tensor([tokenizer(row["text"], add_special_tokens=False)["input_ids"][:max_length]])
+        start = len(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]) if "prompt" in row else 1
+        with torch.no_grad():
+            ours = F.log_softmax(adapted(ids).logits[0, start - 1 : -1].double(), -1)
+            theirs = F.log_softmax(frozen(ids).logits[0, start - 1 : -1].double(), -1)
+        total += F.kl_div(ours, theirs, log_target=True, reduction="sum").item()
+        count += ids.shape[1] - start
+    return total / count
+
+
+def check_kept_adapter(settings: RealAtlasSettings, seed: int, level: str, methods) -> None:
+    """The first of `methods` with a checkpoint at `level` reloads to the test KL its record reports."""
+    units = Path(settings.records) / str(seed)
+    record = json.loads((units / "record.json").read_text())
+    chosen = RealAtlas(settings).select(record)["checkpoints"][level]
+    method = next(m for m in methods if chosen[m] is not None)
     point = next(p for p in record["runs"][method]["points"] if p["step"] == chosen[method])
-    contexts = json.loads((Path(micro.records) / "0" / "contexts.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(micro.model_dir())
-    frozen = AutoModelForCausalLM.from_pretrained(micro.model_dir()).eval()
-    adapted = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(micro.model_dir()),
-        Path(micro.records) / "0" / "adapters" / f"mid-{method}",
-    ).eval()
+    contexts = json.loads((units / "contexts.json").read_text())
     for source in corpus.RETAINED_SOURCES:
-        total = count = 0.0
-        for row in contexts[f"test/{source}"]:
-            ids = torch.tensor([tokenizer(row["text"], add_special_tokens=False)["input_ids"][: micro.max_length]])
-            start = len(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]) if "prompt" in row else 1
-            with torch.no_grad():
-                ours = F.log_softmax(adapted(ids).logits[0, start - 1 : -1].double(), -1)
-                theirs = F.log_softmax(frozen(ids).logits[0, start - 1 : -1].double(), -1)
-            total += F.kl_div(ours, theirs, log_target=True, reduction="sum").item()
-            count += ids.shape[1] - start
+        kl = recomputed_kl(settings.model_dir(), units / "adapters" / f"{level}-{method}", contexts, source,
+                           settings.max_length)  # fmt: skip
         # the record's KL comes from fp32 log-probabilities: about 1e-7 nats off per position at most
-        assert point["test"]["kl"][source] == pytest.approx(total / count, rel=1e-3, abs=1e-7)
-        assert total / count > 1e-6  # the adapter did move this source: the check above is not of zeros
+        assert point["test"]["kl"][source] == pytest.approx(kl, rel=1e-3, abs=1e-7)
+        assert kl > 1e-6  # the adapter did move this source: the check above is not of zeros
+
+
+def test_a_kept_adapter_reloads_to_the_kl_its_record_reports(micro, results):
+    check_kept_adapter(micro, 0, "mid", ("atlas", "lora", "osf"))
 
 
 def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_taken_over(tmp_path):
@@ -161,3 +171,53 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_
     (tmp_path / "claimed-by").write_text(str(finished.pid))
     with claimed(tmp_path) as taken:
         assert taken and (tmp_path / "claimed-by").read_text() == str(os.getpid())
+
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "docs" / "results"
+
+
+def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
+    results = run_experiment(RealAtlas(), COMMITTED / "real-atlas.plan.json", tmp_path)
+    expected = json.loads((COMMITTED / "real-atlas.json").read_text())
+    assert results["plan_sha256"] == expected["plan_sha256"]
+    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+
+
+def test_the_plan_holds_the_pilots_choices_which_follow_its_rule():
+    pilot = json.loads((COMMITTED / "real-atlas-pilot.json").read_text())
+    settings = json.loads((COMMITTED / "real-atlas.plan.json").read_text())["settings"]
+    assert settings["learning_rates"] == pilot["learning_rates"]
+    assert settings["output_kl_coef"] == pilot["output_kl_coef"]
+    assert pilot["seed"] not in settings["seeds"]  # the pilot is not a unit
+    by_method: dict = {}
+    for name, run in pilot["runs"].items():
+        by_method.setdefault(run["method"], {})[name] = run["validation"]
+    lora = max(by_method["lora"], key=lambda n: max(p["gain"] for p in by_method["lora"][n]))
+    level = settings["gain_levels"]["high"] * max(p["gain"] for p in by_method["lora"][lora])
+    assert pilot["level"]["validation_gain"] == pytest.approx(level)
+    for method, named in by_method.items():
+        if method == "lora":
+            continue
+
+        # by hand: the lowest geometric-mean KL among checkpoints reaching the level, else the farthest-reaching run
+        def drift_at(points):
+            reaching = [math.prod(p["kl"].values()) for p in points if p["step"] > 0 and p["gain"] >= level]
+            return min(reaching, default=None)
+
+        reaching = {n: drift_at(points) for n, points in named.items() if drift_at(points) is not None}
+        expected = (
+            min(reaching, key=reaching.get) if reaching else max(named, key=lambda n: max(p["gain"] for p in named[n]))
+        )
+        assert pilot["runs"][expected]["learning_rate"] == pilot["learning_rates"][method]
+        if method == "lora+output-kl":
+            assert pilot["runs"][expected]["strength"] == pilot["output_kl_coef"]
+
+
+@pytest.mark.real
+def test_a_committed_adapter_reloads_on_the_real_model_to_its_recorded_kl(real_model_dir, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    settings = RealAtlas().settings
+    real_model_dir(settings.model)
+    check_kept_adapter(settings, settings.seeds[0], "high", ("atlas", "lora"))

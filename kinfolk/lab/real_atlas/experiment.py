@@ -118,7 +118,10 @@ class RealAtlas(Experiment):
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
         from kinfolk.lab.real_atlas.runs import SeedRuns, kept_record
 
-        return kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
+        record = kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
+        if record is None:
+            raise RuntimeError(f"seed {unit}: another process is still running one of its runs; analyse when it ends")
+        return record
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         validation = {method: _points(view, method, "validation") for method in view["runs"]}

@@ -13,6 +13,9 @@ its sources' KLs) is lowest; a method none of whose checkpoints reaches the leve
 {'mid': 0.2, 'high': 0.3}
 >>> checkpoint_at(lora, 0.2), checkpoint_at(lora, 0.5)
 (12, None)
+
+Every method's run (LoRA's too) is chosen in the pilot by one rule, `choose_run`: least drift at the pilot's level,
+the same fraction of the best gain any LoRA run reaches.
 """
 
 from __future__ import annotations
@@ -60,6 +63,6 @@ def choose_run(runs: Mapping[str, Sequence[Checkpoint]], level: float) -> str:
     return min(candidates, key=lambda name: (drift_at(name), name))
 
 
-def choose_baseline_run(runs: Mapping[str, Sequence[Checkpoint]]) -> str:
-    """The baseline's (LoRA's) run: the one reaching the highest validation gain, since it defines the levels."""
-    return max(runs, key=lambda name: (best_gain(runs[name]), name))
+def pilot_level(baseline_runs: Mapping[str, Sequence[Checkpoint]], fraction: float) -> float:
+    """The pilot's comparison level: `fraction` of the best validation gain any of the baseline's runs reaches."""
+    return round(fraction * max(best_gain(points) for points in baseline_runs.values()), 10)
