@@ -17,6 +17,7 @@ from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
 from kinfolk.lab.real_atlas import corpus, selection
 from kinfolk.lab.real_atlas.experiment import RealAtlas
+from kinfolk.lab.real_atlas.figure import plot_curves
 from kinfolk.lab.real_atlas.settings import RealAtlasSettings
 
 
@@ -91,7 +92,7 @@ def test_methods_train_matched_parameters(micro, results):
     assert runs["osf"]["trainable"] == lora + micro.rank  # U, V and the r singular values
 
 
-def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results):
+def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results, tmp_path):
     assert results["unit_kind"] == "seed" and results["units"] == [0, 1]
     experiment = RealAtlas(micro)
     for index, seed in enumerate((0, 1)):
@@ -118,6 +119,7 @@ def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results)
             assert entry["per_unit"][index] == pytest.approx(expected, abs=1e-5)
     assert set(results["endpoints"]) >= {e.name for e in experiment.primaries()}
     assert all(entry["ci95"] is None for entry in results["endpoints"].values())  # 2 seeds: values, no interval
+    assert plot_curves([_record(micro, 0), _record(micro, 1)], tmp_path / "curves.png").stat().st_size > 0
 
 
 def recomputed_kl(model_dir, adapter_dir, contexts: dict, source: str, max_length: int) -> float:

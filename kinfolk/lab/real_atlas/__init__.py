@@ -5,5 +5,5 @@ One idea per module: `settings` (the typed settings a plan fixes), `corpus` (the
 splits: code to learn, three retained sources), `runs` (one seed: the frozen reference, the atlas, one run per
 method measured at every checkpoint, the chosen adapters kept), `selection` (every choice, on validation only),
 `pilot` (the pilot seed that chose the learning rates before the plan), `experiment` (the `Experiment`: primaries,
-selection, analysis) and `__main__` (runs in parallel processes). Nothing heavy is imported here.
+selection, analysis), `figure` (every seed's drift-against-gain curves) and `__main__` (runs in parallel processes). Nothing heavy is imported here.
 """

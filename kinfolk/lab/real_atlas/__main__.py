@@ -9,6 +9,7 @@ process holds (`runs.claimed`), so two one-thread processes use two cores. `pyth
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kinfolk import console
@@ -28,12 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pilot", action="store_true", help="the pilot seed's runs (validation only)")
     parser.add_argument("--methods", nargs="*", help="default: every method of the settings")
     parser.add_argument("--seeds", type=int, nargs="*", help="default: every seed of the settings")
+    parser.add_argument("--figure", help="once every seed's record is kept, draw their curves into this PNG")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # two processes on two cores; one thread gives every reduction one order
     settings = RealAtlas().settings
     methods = args.methods or list(settings.methods)
-    import os
-
     name = f"{'pilot' if args.pilot else 'runs'}-{os.getpid()}"
     with console.quiet(f"{settings.work}/{name}.log", "real-atlas"):
         if args.pilot:
@@ -50,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for method in methods:
                 runs.method_run(seed, method)
-        for seed in seeds:
-            if all(runs.run_kept(seed, method) for method in settings.methods):
-                runs.record(seed)
-                console.stage(f"seed {seed}: record kept in {settings.records}/{seed}")
+        records = [runs.record(seed) for seed in seeds if all(runs.run_kept(seed, m) for m in settings.methods)]
+        console.stage(f"records kept in {settings.records}: {len([r for r in records if r])} of {len(seeds)} seeds")
+        if args.figure and len(records) == len(seeds) and all(records):
+            from kinfolk.lab.real_atlas.figure import plot_curves
+
+            console.show(f"curves: {plot_curves(records, args.figure)}")
     return 0
 
 
