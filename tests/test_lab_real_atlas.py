@@ -188,7 +188,7 @@ def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path,
 
 
 def test_the_plan_holds_the_pilots_choices_which_follow_its_rule():
-    pilot = json.loads((COMMITTED / "real-atlas-pilot.json").read_text())
+    pilot = json.loads((COMMITTED / "real-atlas-units" / "pilot.json").read_text())
     settings = json.loads((COMMITTED / "real-atlas.plan.json").read_text())["settings"]
     assert settings["learning_rates"] == pilot["learning_rates"]
     assert settings["output_kl_coef"] == pilot["output_kl_coef"]

@@ -1,5 +1,5 @@
 """`python -m kinfolk.lab.real_atlas --pilot [--methods M ...]`: the pilot's runs of those methods (default all);
-once every method's pilot runs are kept, the choices go to `docs/results/real-atlas-pilot.json`.
+once every method's pilot runs are kept, the choices go to `docs/results/real-atlas-units/pilot.json`.
 
 `python -m kinfolk.lab.real_atlas [--seeds S ...]`: the plan's runs, every method of every seed; then the record
 of every seed whose runs are all kept. Processes started alike share the runs: each claims the next run no live
@@ -14,7 +14,7 @@ import sys
 
 from kinfolk import console
 
-PILOT_FILE = "docs/results/real-atlas-pilot.json"
+PILOT_FILE = "docs/results/real-atlas-units/pilot.json"
 
 
 def main(argv: list[str] | None = None) -> int:

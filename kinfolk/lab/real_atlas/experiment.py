@@ -112,7 +112,7 @@ class RealAtlas(Experiment):
             "the level, the one with the lowest validation drift (geometric mean of the retained sources' KL); none "
             "when no checkpoint reaches it",
             "learning rates and Output-KL's strength": "validation, in the pilot seed (not a unit): see "
-            "docs/results/real-atlas-pilot.json; fixed in these settings",
+            "docs/results/real-atlas-units/pilot.json; fixed in these settings",
         }
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
@@ -183,8 +183,21 @@ class RealAtlas(Experiment):
         floors = [selection.drift(_at(r, m, 0)) for r in records if r is not None for m in (METHOD, other)]
         return max(floors) if floors else None
 
+    def plan_fields(self) -> dict[str, Any]:
+        return {
+            "notes": [
+                "The learning rates and Output-KL's strength are the pilot's choices (seed 100, validation only, "
+                "docs/results/real-atlas-units/pilot.json), made before this plan; no unit had run.",
+                "The pilot's rule was changed once, after LoRA's pilot runs and before this plan: LoRA's rate had been "
+                "the one reaching the highest gain, and is now chosen like every other method's (least validation "
+                "drift at the high level).",
+                "Grids that were moved after a first pilot run: ATLAS's and OSF's (ATLAS at 3e-4 gained 24 times "
+                "less than LoRA at 1e-3).",
+            ]
+        }
+
     def provenance(self) -> dict[str, Any]:
-        return {"records": self.settings.records, "pilot": "docs/results/real-atlas-pilot.json"}
+        return {"records": self.settings.records, "pilot": "docs/results/real-atlas-units/pilot.json"}
 
 
 def _log_ratio(ours, theirs, source: str | None, edge: bool) -> EndpointValue:
