@@ -332,12 +332,15 @@ class SeedRuns:
         return record
 
     def keep_chosen_adapters(self, record: dict[str, Any], out: Path) -> None:
-        """Copy, per level and method, the checkpoint the experiment's selection chose (validation only)."""
+        """Copy, per method, the checkpoint the experiment's selection chose (validation only) at the primaries'
+        level."""
         from kinfolk.lab.protocol.views import SelectionView
-        from kinfolk.lab.real_atlas.experiment import RealAtlas
+        from kinfolk.lab.real_atlas.experiment import PRIMARY_LEVEL, RealAtlas
 
         chosen = RealAtlas(self.settings).select(SelectionView(record))["checkpoints"]
         for level, steps in chosen.items():
+            if level != PRIMARY_LEVEL:
+                continue  # an ATLAS adapter carries its atlas (0.7 MB here): the primaries' level only
             for method, step in steps.items():
                 if step is None:
                     continue
