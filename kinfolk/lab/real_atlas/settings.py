@@ -19,13 +19,14 @@ from kinfolk.lab.boomerang.settings import real_models_root
 METHODS = ["lora", "atlas", "norm-matched", "osf", "lora+output-kl"]
 BASELINE = "lora"  # the method whose validation gain defines the levels
 RESIDUALS = {"atlas": "atlas", "norm-matched": "norm_matched"}  # methods that are ATLAS adapters, by residual
-# A first pilot run at 3e-4 gained 24 times less on code than LoRA at 1e-3 with ATLAS (its filters damp the
-# update), so ATLAS's grid starts higher; OSF's spans ten-fold steps, having no reference point on this model.
+# Moved within the pilot, before the plan: ATLAS at 3e-4 gained 24 times less on code than LoRA at 1e-3 (its
+# filters damp the update), so its grid starts higher; OSF at 1e-4, 1e-3 and 1e-2 gained 0, 4e-5 and 2.5e-3 nats
+# (LoRA: 0.09), since it trains the weight's smallest singular directions, so its grid starts at 1e-2.
 PILOT_RATES = {
     "lora": [1e-3, 3e-3, 1e-2],
     "atlas": [3e-3, 1e-2, 3e-2],
     "norm-matched": [3e-3, 1e-2, 3e-2],
-    "osf": [1e-4, 1e-3, 1e-2],
+    "osf": [1e-2, 3e-2, 1e-1],
 }
 PILOT_OUTPUT_KL_COEFS = [1.0, 3.0, 10.0]  # at LoRA's chosen rate
 
