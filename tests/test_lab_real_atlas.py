@@ -101,7 +101,7 @@ def test_endpoints_are_the_test_numbers_of_the_validation_choice(micro, results,
         validation = {m: [{"step": p["step"], **p["validation"]} for p in r["points"]] for m, r in runs.items()}
         top = max(p["gain"] for p in validation["lora"] if p["step"] > 0)
         level = micro.gain_levels["high"] * top
-        for other in ("lora", "norm-matched", "osf"):
+        for other in ("lora", "norm-matched", "lora+output-kl", "osf"):
             steps = {}
             for method in ("atlas", other):
                 reaching = [p for p in validation[method] if p["step"] > 0 and p["gain"] >= level]
