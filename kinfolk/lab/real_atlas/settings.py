@@ -44,11 +44,11 @@ class RealAtlasSettings:
     rank: int = field(default=16, metadata={"help": "rank of LoRA and ATLAS; OSF's trainable rank matches it"})
     methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"help": "the compared methods"})
     learning_rates: dict = field(
-        default_factory=lambda: {"lora": 1e-3, "atlas": 1e-3, "norm-matched": 1e-3, "osf": 1e-4,
-                                 "lora+output-kl": 1e-3},
+        default_factory=lambda: {"lora": 3e-3, "atlas": 1e-2, "norm-matched": 1e-2, "osf": 3e-2,
+                                 "lora+output-kl": 3e-3},
         metadata={"help": "each method's learning rate (the pilot's validation choice)"},
     )  # fmt: skip
-    output_kl_coef: float = field(default=3.0, metadata={"help": "Output-KL's strength (the pilot's choice)"})
+    output_kl_coef: float = field(default=1.0, metadata={"help": "Output-KL's strength (the pilot's choice)"})
     gain_levels: dict = field(
         default_factory=lambda: {"mid": 0.5, "high": 0.75},
         metadata={"help": "target levels, as fractions of LoRA's best validation gain, where methods are compared"},
