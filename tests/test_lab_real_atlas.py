@@ -2,6 +2,7 @@
 its selection follows the written rule on validation, its endpoints are the test numbers of what was chosen, and a
 kept adapter reloads with `PeftModel.from_pretrained` to the KL its record reports (recomputed by hand)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -162,6 +163,7 @@ def test_a_kept_adapter_reloads_to_the_kl_its_record_reports(micro, results):
 def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_taken_over(tmp_path):
     import subprocess
 
+    from kinfolk.atomic import current_writer
     from kinfolk.lab.real_atlas.runs import claimed
 
     # this process holds it and is alive: a second claim waits its turn
@@ -170,9 +172,13 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_
     assert not (tmp_path / "claimed-by").exists()  # released
     finished = subprocess.Popen(["true"])  # once reaped, its pid names no live process
     finished.wait()
-    (tmp_path / "claimed-by").write_text(str(finished.pid))
+    dead = dataclasses.replace(current_writer(), pid=finished.pid, start=0)
+    (tmp_path / "claimed-by").write_text(json.dumps(dataclasses.asdict(dead)))
     with claimed(tmp_path) as taken:
-        assert taken and (tmp_path / "claimed-by").read_text() == str(os.getpid())
+        assert taken and json.loads((tmp_path / "claimed-by").read_text())["pid"] == os.getpid()
+    (tmp_path / "claimed-by").write_text("")  # a claim being written: its holder is alive
+    with claimed(tmp_path) as ours:
+        assert not ours
 
 
 ROOT = Path(__file__).resolve().parents[1]

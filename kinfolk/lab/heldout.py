@@ -122,3 +122,21 @@ def greedy_answers(model, tokenizer, instructions: Sequence[str], max_new_tokens
     finally:
         tokenizer.padding_side = "right"
     return answers
+
+
+def kept_answers(path, model, tokenizer, instructions: Sequence[str], max_new_tokens: int) -> dict[str, str]:
+    """`greedy_answers`, kept as JSON at `path` and read back while it holds the same instructions (the answers are
+    deterministic, so a rerun or another process reuses them)."""
+    import json
+    from pathlib import Path
+
+    from kinfolk import console
+    from kinfolk.atomic import write_json
+
+    path = Path(path)
+    if path.exists() and list(kept := json.loads(path.read_text())) == list(instructions):
+        return kept
+    console.stage(f"greedy answers to {len(instructions)} instructions")
+    answers = greedy_answers(model, tokenizer, instructions, max_new_tokens)
+    write_json(path, answers)
+    return answers

@@ -21,7 +21,7 @@ from kinfolk.atomic import write_json
 from kinfolk.lab.boomerang import corpus
 from kinfolk.lab.boomerang.settings import BoomerangSettings
 from kinfolk.lab.boomerang.sizes import ORDERS, patched_sizes
-from kinfolk.lab.heldout import TeacherReference, chat_text, greedy_answers, rows_from
+from kinfolk.lab.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 
 RECORD_VERSION = 1
@@ -56,15 +56,9 @@ class SeedRuns:
     # ------------------------------------------------------------------------------------------ data
     def _chat_answers(self) -> dict[str, str]:
         """The teacher's greedy answer to every instruction (deterministic; kept in the work directory)."""
-        path = self.work / "chat-answers.json"
-        cached = _load(path)
         instructions = corpus.chat_instructions(self.settings.chat_prompts)
-        if cached is not None and list(cached) == instructions:
-            return cached
-        console.stage(f"the teacher answers {len(instructions)} instructions (greedy)")
-        answers = greedy_answers(self.teacher, self.tokenizer, instructions, self.settings.answer_tokens)
-        write_json(path, answers)
-        return answers
+        return kept_answers(self.work / "chat-answers.json", self.teacher, self.tokenizer, instructions,
+                            self.settings.answer_tokens)  # fmt: skip
 
     @cached_property
     def sources(self) -> dict[str, dict[str, str]]:

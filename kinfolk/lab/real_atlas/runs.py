@@ -15,6 +15,7 @@ written under `settings.records/<seed>/` once every method's run is kept.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -28,8 +29,8 @@ from typing import Any
 import torch
 
 from kinfolk import console
-from kinfolk.atomic import atomic_directory, write_json
-from kinfolk.lab.heldout import TeacherReference, chat_text, greedy_answers, rows_from
+from kinfolk.atomic import Writer, atomic_directory, current_writer, write_json
+from kinfolk.lab.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.lab.real_atlas import corpus
 from kinfolk.lab.real_atlas.settings import RESIDUALS, RealAtlasSettings
 from kinfolk.lab.replication import cached_json
@@ -51,36 +52,30 @@ def run_name(method: str, learning_rate: float, strength: float | None) -> str:
 @contextlib.contextmanager
 def claimed(where: Path) -> Iterator[bool]:
     """Claim the run folder `where` for this process (True) unless a live process holds it (False); a claim left
-    by a process that died is taken over. The claim is released when the block ends."""
+    by a process that died is taken over (`kinfolk.atomic.Writer`: host, boot and start time, so a reused process
+    id is not mistaken for the holder). The claim is released when the block ends."""
     where.mkdir(parents=True, exist_ok=True)
     claim = where / "claimed-by"
     try:
         handle = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        holder = claim.read_text().strip()
-        if not holder or _alive(int(holder)):  # empty: its holder is writing its pid right now
+        try:
+            holder = Writer(**json.loads(claim.read_text()))
+        except ValueError:  # empty or half-written: its holder is writing it right now
+            holder = None
+        if holder is None or holder.is_alive() is not False:  # alive, or another host's
             yield False
             return
         claim.unlink(missing_ok=True)
         with claimed(where) as ours:
             yield ours
         return
-    os.write(handle, str(os.getpid()).encode())
+    os.write(handle, json.dumps(dataclasses.asdict(current_writer())).encode())
     os.close(handle)
     try:
         yield True
     finally:
         claim.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def kept_record(settings: RealAtlasSettings, seed: int) -> dict[str, Any] | None:
@@ -166,13 +161,8 @@ class SeedRuns:
     def answers(self) -> dict[str, str]:
         """The frozen model's greedy answer to every instruction (deterministic; kept in the work directory)."""
         instructions = list(corpus.chat_items(self.settings.chat_prompts).values())
-        path = self.work / "chat-answers.json"
-        if path.exists() and list(cached := json.loads(path.read_text())) == instructions:
-            return cached
-        console.stage(f"the frozen model answers {len(instructions)} instructions (greedy)")
-        answers = greedy_answers(self.frozen, self.tokenizer, instructions, self.settings.answer_tokens)
-        write_json(path, answers)
-        return answers
+        return kept_answers(self.work / "chat-answers.json", self.frozen, self.tokenizer, instructions,
+                            self.settings.answer_tokens)  # fmt: skip
 
     @cached_property
     def sources(self) -> dict[str, dict[str, str]]:
