@@ -116,7 +116,6 @@ def prepare(family: Family, settings: AtlasSettings) -> Context:
     from kinfolk.divergence import FrozenCache
     from kinfolk.lab.evaluate import generate_responses
     from kinfolk.plugins.atlas import fit_atlas
-    from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS
     from kinfolk.plugins.atlas.model import default_layer
 
     tokenizer = family.tokenizer()
@@ -153,9 +152,16 @@ def prepare(family: Family, settings: AtlasSettings) -> Context:
     )
     template = get_peft_model(family.load("large_base"), context.atlas_config())
     fit_atlas(template, context.fit_data, tokenizer=tokenizer, max_length=MAX_LENGTH, seed=seed, progress=False)
-    atlas_layer = _tuner_layer(template)
-    context.atlas = {name[6:]: getattr(atlas_layer, name)["default"].detach().clone() for name in ATLAS_BUFFERS}
+    context.atlas = atlas_buffers(template)
     return context
+
+
+def atlas_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the one ATLAS layer's fitted atlas, by `set_atlas`'s keyword names."""
+    from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS
+
+    layer = _tuner_layer(model)
+    return {name[6:]: getattr(layer, name)["default"].detach().clone() for name in ATLAS_BUFFERS}
 
 
 def _tuner_layer(model: torch.nn.Module) -> torch.nn.Module:

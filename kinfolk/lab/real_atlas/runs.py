@@ -193,22 +193,20 @@ class SeedRuns:
         """The atlas of the adapted module, fitted on the seed's retained training rows."""
         from peft import get_peft_model
 
-        from kinfolk.lab.atlas.runs import _tuner_layer
+        from kinfolk.lab.atlas.runs import atlas_buffers
         from kinfolk.plugins.atlas import fit_atlas
-        from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS
 
         template = get_peft_model(self.load(), self.atlas_config())
         fit_atlas(template, state.fit_data, tokenizer=self.tokenizer, max_length=self.settings.max_length,
                   seed=state.seed, progress=False)  # fmt: skip
-        layer = _tuner_layer(template)
-        return {name[6:]: getattr(layer, name)["default"].detach().clone() for name in ATLAS_BUFFERS}
+        return atlas_buffers(template)
 
     def build(self, state: SeedState, method: str) -> torch.nn.Module:
         """The frozen model with `method`'s adapter at the shared placement (atlas loaded for ATLAS residuals)."""
         from peft import OSFConfig, get_peft_model
         from transformers import set_seed
 
-        from kinfolk.lab.atlas.runs import _tuner_layer
+        from kinfolk.lab.atlas.runs import _tuner_layer, adapted_module_name
         from kinfolk.plugins.atlas.comparators import matching_lora_config
 
         base = self.load()
@@ -218,7 +216,7 @@ class SeedRuns:
             _tuner_layer(model).set_atlas("default", **state.atlas)
             return model
         if method == "osf":
-            module = base.get_submodule(f"model.layers.{self.layer}.{self.settings.module}")
+            module = base.get_submodule(adapted_module_name(base, self.layer, self.settings.module))
             # OSF trains the weight's lowest singular directions: that many of them as LoRA's rank matches the
             # trainable parameters (r · (in + out + 1) against LoRA's r · (in + out))
             keep = min(module.weight.shape) - self.settings.rank
