@@ -7,7 +7,7 @@ resumable, refusing runs of another plan). `EXPERIMENTS` lists every experiment,
 class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
-['adapt', 'atlantis', 'atlas', 'real-atlas', 'real-boomerang']
+['adapt', 'atlantis', 'atlantis-controls', 'atlas', 'real-atlas', 'real-boomerang']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -27,6 +27,7 @@ EXPERIMENTS: dict[str, str] = {
     "adapt": "kinfolk.lab.adapt.reanalysis:AdaptReanalysis",
     "real-boomerang": "kinfolk.lab.boomerang.experiment:RealBoomerang",
     "real-atlas": "kinfolk.lab.real_atlas.experiment:RealAtlas",
+    "atlantis-controls": "kinfolk.lab.atlantis.controls:AtlantisControls",
 }
 
 

@@ -3,7 +3,7 @@ once every method's pilot runs are kept, the choices go to `docs/results/real-at
 
 `python -m kinfolk.lab.real_atlas [--seeds S ...]`: the plan's runs, every method of every seed; then the record
 of every seed whose runs are all kept. Processes started alike share the runs: each claims the next run no live
-process holds (`runs.claimed`), so two one-thread processes use two cores. `python -m kinfolk.lab.protocol analyse real-atlas` reads the records under the plan.
+process holds (`kinfolk.lab.protocol.claims`), so two one-thread processes use two cores. `python -m kinfolk.lab.protocol analyse real-atlas` reads the records under the plan.
 """
 
 from __future__ import annotations

@@ -14,14 +14,10 @@ written under `settings.records/<seed>/` once every method's run is kept.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
-import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,8 +25,9 @@ from typing import Any
 import torch
 
 from kinfolk import console
-from kinfolk.atomic import Writer, atomic_directory, current_writer, write_json
+from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.heldout import TeacherReference, chat_text, kept_answers, rows_from
+from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.real_atlas import corpus
 from kinfolk.lab.real_atlas.settings import RESIDUALS, RealAtlasSettings
 from kinfolk.lab.replication import cached_json
@@ -47,35 +44,6 @@ def run_name(method: str, learning_rate: float, strength: float | None) -> str:
     'lora+output-kl-lr0.001-s3'
     """
     return f"{method}-lr{learning_rate:g}" + ("" if strength is None else f"-s{strength:g}")
-
-
-@contextlib.contextmanager
-def claimed(where: Path) -> Iterator[bool]:
-    """Claim the run folder `where` for this process (True) unless a live process holds it (False); a claim left
-    by a process that died is taken over (`kinfolk.atomic.Writer`: host, boot and start time, so a reused process
-    id is not mistaken for the holder). The claim is released when the block ends."""
-    where.mkdir(parents=True, exist_ok=True)
-    claim = where / "claimed-by"
-    try:
-        handle = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            holder = Writer(**json.loads(claim.read_text()))
-        except ValueError:  # empty or half-written: its holder is writing it right now
-            holder = None
-        if holder is None or holder.is_alive() is not False:  # alive, or another host's
-            yield False
-            return
-        claim.unlink(missing_ok=True)
-        with claimed(where) as ours:
-            yield ours
-        return
-    os.write(handle, json.dumps(dataclasses.asdict(current_writer())).encode())
-    os.close(handle)
-    try:
-        yield True
-    finally:
-        claim.unlink(missing_ok=True)
 
 
 def kept_record(settings: RealAtlasSettings, seed: int) -> dict[str, Any] | None:
