@@ -21,7 +21,7 @@ import numpy as np
 from datasets import Dataset
 
 from kinfolk import console
-from kinfolk.atomic import write_json
+from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.atlantis.arms import training_rows, verifier_precision
 from kinfolk.lab.atlantis.settings import BASES, Cell, ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
@@ -89,9 +89,10 @@ class FamilyRuns:
         with claimed(where) as ours:
             if not ours:
                 return None
-            console.stage(f"family {seed} run {run}: scoring {cell.name}")
-            scored = score_pool(family, pool, cell.pool)
-            scored.save_to_disk(str(where / "scored"))
+            if not (where / "scored" / "dataset_info.json").exists():  # another process may have scored it since
+                console.stage(f"family {seed} run {run}: scoring {cell.name}")
+                with atomic_directory(where / "scored") as staging:  # a reader never sees half a dataset
+                    score_pool(family, pool, cell.pool).save_to_disk(str(staging))
         return Dataset.load_from_disk(str(where / "scored"))
 
     def arm(self, seed: int, run: int, cell: Cell, arm: str, value: float) -> dict[str, Any] | None:
