@@ -132,11 +132,14 @@ class FamilyRuns:
             return kept
         s = self.settings
         cells: dict[str, Any] = {}
-        for cell in s.cells():
+        whole = True
+        for cell in s.cells():  # every cell is tried, so a process skips only what another one holds
             arms = {arm: {grid_key(v): self.arm(seed, run, cell, arm, v) for v in s.grid(arm)} for arm in cell.arms}
             scored = self.scored(seed, run, cell)
             if scored is None or any(r is None for grid in arms.values() for r in grid.values()):
-                return None
+                whole = False
+            if not whole:
+                continue
             kinds = np.asarray(scored["kind"])
             cells[cell.name] = {
                 "rows": len(scored),
@@ -144,6 +147,8 @@ class FamilyRuns:
                 "filter_precision": {grid_key(f): verifier_precision(scored, f) for f in s.filter_fractions},
                 "arms": arms,
             }
+        if not whole:
+            return None
         bases = {}
         for base in BASES:
             family = self.family(seed, base)
