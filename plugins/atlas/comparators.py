@@ -73,3 +73,30 @@ def corda_kpm_model(
 
     preprocess_corda(model, config, run_model=run_model)
     return get_peft_model(model, config)
+
+
+def matching_osf_config(model: nn.Module, atlas_config: AtlasConfig):
+    """An `OSFConfig` (PEFT's orthogonal subspace fine-tuning) on the modules `atlas_config` adapts, training as many
+    of each weight's singular directions as ATLAS's rank: OSF freezes the top `effective_rank` directions and trains
+    the rest, so `effective_rank = min(out, in) − r` gives r · (in + out + 1) trainable parameters against LoRA's
+    r · (in + out).
+
+    >>> from kinfolk.plugins.atlas import AtlasConfig
+    >>> from kinfolk.testing import build_model
+    >>> osf = matching_osf_config(build_model("qwen3", "large"), AtlasConfig(r=4, layers_to_transform=[1]))
+    >>> osf.target_modules, osf.effective_rank
+    (['layers.1.self_attn.o_proj'], 60)
+    """
+    from peft import OSFConfig
+
+    target_modules, layers = atlas_config.target_modules, atlas_config.layers_to_transform
+    if target_modules is None:
+        target_modules, default_layers = default_placement(model)
+        layers = default_layers if layers is None else layers
+    pattern = atlas_config.layers_pattern or "layers"
+    suffixes = [f"{pattern}.{layer}.{module}" for layer in layers for module in sorted(target_modules)]
+    modules = [m for name, m in model.named_modules() if any(name.endswith(s) for s in suffixes)]
+    ranks = {min(m.weight.shape) for m in modules}
+    if len(modules) != len(suffixes) or len(ranks) != 1:
+        raise ValueError(f"OSF needs one module per target of equal shape: {suffixes} matched {len(modules)}")
+    return OSFConfig(effective_rank=ranks.pop() - atlas_config.r, target_modules=suffixes)

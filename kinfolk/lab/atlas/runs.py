@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,7 +265,7 @@ def build_adapter(context: Context, method: str, seed: int) -> torch.nn.Module:
     from peft import get_peft_model
     from transformers import set_seed
 
-    from kinfolk.plugins.atlas.comparators import corda_kpm_model, matching_lora_config
+    from kinfolk.plugins.atlas.comparators import corda_kpm_model, matching_lora_config, matching_osf_config
 
     base = context.family.load("large_base")
     atlas_config = context.atlas_config(RESIDUALS.get(method, "atlas"))
@@ -276,6 +276,8 @@ def build_adapter(context: Context, method: str, seed: int) -> torch.nn.Module:
         model = get_peft_model(base, atlas_config)
         _tuner_layer(model).set_atlas("default", **context.atlas)
         return model
+    if method == "osf":  # as many trained singular directions as LoRA's rank
+        return get_peft_model(base, matching_osf_config(base, atlas_config))
     return get_peft_model(base, matching_lora_config(base, atlas_config))
 
 
@@ -287,12 +289,18 @@ def train_run(
     strength: float | None = None,
     keep_model: Path | None = None,
     measure_at_start: bool = False,
+    seed: int | None = None,
+    measure_point: Callable[[Context, str, torch.nn.Module, int], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One run: `method` learns `target` for `settings.steps` steps, measured every `checkpoint_every` steps (and
-    before the first with `measure_at_start`; the fronts do not need it: every method starts at the frozen model)."""
+    """One run: `method` learns `target` for `settings.steps` steps, measured (by `measure_point`, default `measure`)
+    every `checkpoint_every` steps and before the first with `measure_at_start` (the fronts do not need it: every
+    method starts at the frozen model). `seed` draws the adapter's initialisation and the data order (default: the
+    family's seed)."""
     from transformers import TrainerCallback
 
-    settings, seed = context.settings, context.seed
+    settings = context.settings
+    seed = context.seed if seed is None else seed
+    measure_point = measure_point or measure
     model = build_adapter(context, method, seed)
     option = REGULARISERS.get(method)
     regulariser = {option: strength} if option else {}
@@ -301,11 +309,11 @@ def train_run(
     class Checkpoints(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if measure_at_start:
-                points.append(measure(context, target, model, 0))
+                points.append(measure_point(context, target, model, 0))
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % settings.checkpoint_every == 0 or state.global_step == state.max_steps:
-                points.append(measure(context, target, model, state.global_step))
+                points.append(measure_point(context, target, model, state.global_step))
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:

@@ -10,7 +10,14 @@ from kinfolk.lab.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TAR
 
 BASELINE = "lora"
 CONTROL = "norm-matched"  # full ATLAS's step-size control
-RESIDUALS = {"plain": "plain", "centered": "centered", "atlas": "atlas", CONTROL: "norm_matched"}
+RESIDUALS = {
+    "plain": "plain",
+    "centered": "centered",
+    "distance-scaled": "distance_scaled",
+    "pca-scaled": "pca_scaled",
+    "atlas": "atlas",
+    CONTROL: "norm_matched",
+}
 REGULARISERS = {"lora+replay": "replay_ratio", "lora+output-kl": "output_kl_coef"}  # WeightedSFTConfig fields
 METHODS = ("lora", "corda", "plain", "centered", "atlas", CONTROL, "lora+replay", "lora+output-kl")
 TARGETS = (TARGET, SEPARATED_TARGET)

@@ -7,7 +7,7 @@ resumable, refusing runs of another plan). `EXPERIMENTS` lists every experiment,
 class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
-['adapt', 'atlantis', 'atlantis-controls', 'atlas', 'real-atlas', 'real-boomerang']
+['adapt', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, str] = {
     "real-boomerang": "kinfolk.lab.boomerang.experiment:RealBoomerang",
     "real-atlas": "kinfolk.lab.real_atlas.experiment:RealAtlas",
     "atlantis-controls": "kinfolk.lab.atlantis.controls:AtlantisControls",
+    "atlas-controls": "kinfolk.lab.atlas.controls.experiment:AtlasControls",
 }
 
 

@@ -14,10 +14,14 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from kinfolk.atomic import Writer, current_writer
+
+K = TypeVar("K")
 
 
 @contextlib.contextmanager
@@ -47,3 +51,16 @@ def claimed(where: Path) -> Iterator[bool]:
         yield True
     finally:
         claim.unlink(missing_ok=True)
+
+
+def until_made(make: Callable[[K], object | None], keys: list[K], wait_seconds: float = 20.0) -> None:
+    """Call `make(key)` for every key until none answers None (None: part of it is another process's), waiting
+    between passes that left some: each pass makes what no live process holds."""
+    from kinfolk import console
+
+    pending = list(keys)
+    while pending:
+        pending = [key for key in pending if make(key) is None]
+        if pending:
+            console.stage(f"{len(pending)} wait on another process's work")
+            time.sleep(wait_seconds)

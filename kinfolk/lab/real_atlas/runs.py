@@ -171,11 +171,11 @@ class SeedRuns:
 
     def build(self, state: SeedState, method: str) -> torch.nn.Module:
         """The frozen model with `method`'s adapter at the shared placement (atlas loaded for ATLAS residuals)."""
-        from peft import OSFConfig, get_peft_model
+        from peft import get_peft_model
         from transformers import set_seed
 
-        from kinfolk.lab.atlas.runs import _tuner_layer, adapted_module_name
-        from kinfolk.plugins.atlas.comparators import matching_lora_config
+        from kinfolk.lab.atlas.runs import _tuner_layer
+        from kinfolk.plugins.atlas.comparators import matching_lora_config, matching_osf_config
 
         base = self.load()
         set_seed(state.seed)  # the adapter's random initialisation: the seed's, the same for every method
@@ -183,13 +183,8 @@ class SeedRuns:
             model = get_peft_model(base, self.atlas_config(RESIDUALS[method]))
             _tuner_layer(model).set_atlas("default", **state.atlas)
             return model
-        if method == "osf":
-            module = base.get_submodule(adapted_module_name(base, self.layer, self.settings.module))
-            # OSF trains the weight's lowest singular directions: that many of them as LoRA's rank matches the
-            # trainable parameters (r · (in + out + 1) against LoRA's r · (in + out))
-            keep = min(module.weight.shape) - self.settings.rank
-            target = f"layers.{self.layer}.{self.settings.module}"
-            return get_peft_model(base, OSFConfig(effective_rank=keep, target_modules=[target]))
+        if method == "osf":  # as many trained singular directions as LoRA's rank
+            return get_peft_model(base, matching_osf_config(base, self.atlas_config()))
         return get_peft_model(base, matching_lora_config(base, self.atlas_config()))
 
     # ------------------------------------------------------------------------------------------ runs
