@@ -171,3 +171,34 @@ def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path,
     expected = json.loads(results_file.read_text())
     assert results["plan_sha256"] == expected["plan_sha256"]
     assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+
+
+def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, monkeypatch):
+    from kinfolk.lab.atlantis.extension import EXTRA_RATE, chosen_test, extend
+
+    experiment, record, _, tmp_path = micro_run
+    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
+    settings = experiment.settings
+    result = extend(settings)
+    assert result["grid"] == [EXTRA_RATE, *settings.learning_rates]
+    for name in ("strong/pr", "weak/pr"):
+        arms = record["cells"][name]["arms"]
+        extra = result["cells"][name]["runs"][0][0]["uniform"]
+        uniform = {**arms["uniform"], grid_key(EXTRA_RATE): extra}
+        rates = [EXTRA_RATE, *settings.learning_rates]
+        best = rates[0]
+        for rate in rates[1:]:  # the first rate with the highest validation accuracy
+            if uniform[grid_key(rate)]["validation"]["mean"] > uniform[grid_key(best)]["validation"]["mean"]:
+                best = rate
+        _, ratio_test = chosen_test(arms["ratio"], settings.temperatures)
+        expected = ratio_test - uniform[grid_key(best)]["test"]["mean"]
+        assert result["cells"][name]["per_unit"] == [pytest.approx(expected)]
+
+
+def test_chosen_test_takes_the_first_best_on_validation():
+    from kinfolk.lab.atlantis.extension import chosen_test
+
+    grid = {"0.5": {"validation": {"mean": 0.7}, "test": {"mean": 0.1}},
+            "1": {"validation": {"mean": 0.9}, "test": {"mean": 0.2}},
+            "2": {"validation": {"mean": 0.9}, "test": {"mean": 0.3}}}  # fmt: skip
+    assert chosen_test(grid, [2.0, 1.0, 0.5]) == (1.0, 0.2)

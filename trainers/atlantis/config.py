@@ -10,10 +10,11 @@ whole-sequence log ratio grows linearly with length, so its exponential is domin
 heavy tails the paper's figures cannot show), and bytes, unlike tokens, mean the same thing for every tokenizer,
 so the same default serves same-family and cross-family model triples. A mild 1%/99% quantile clip guards
 against the few rows a small model finds absurd; weights are then self-normalised to mean 1, so the weighted
-loss keeps plain SFT's scale. On the lab (docs/results.md, 5 families), `ratio` and `algorithm1` weights each
-raised the trained model's accuracy by about +0.22 over uniform SFT on responses sampled from the reference, with
-no detectable difference between them; `algorithm1` is the one to use when the pool's noise is in the answer
-format, which the two bases cannot see.
+loss keeps plain SFT's scale. On the lab (docs/results.md, atlantis-controls: 5 families, 2 runs each) no weighting
+was shown to help after Holm's correction: `ratio` gained +0.23 [+0.05, +0.42] over uniform SFT with a tuned rate,
+and weights from the large base's own log-prob alone gained as much, so the small models added nothing detectable
+there; on answer-format noise, which the two bases cannot see, `algorithm1` was ahead of `ratio` in 5 of 5 families
+(+0.27 [+0.05, +0.49]), also not significant after correction.
 
 >>> config = WeightConfig(formula="influence", temperature=0.5)
 >>> config.roles
@@ -59,7 +60,8 @@ class WeightConfig:
         metadata={
             "help": "log-weight formula over a = large base, b = small base, c = reference log-probs: "
             "'ratio' a-b (Eq. 7), 'algorithm1' a-b+c (the paper's pseudocode; also sees answer-format noise, "
-            "which the two bases cannot), 'influence' c-b (Eq. 8; did not help detectably on the lab)."
+            "which the two bases cannot), 'influence' c-b (Eq. 8). None was shown to beat tuned uniform SFT on "
+            "the lab (docs/results.md)."
         },
     )
     normalization: Literal["none", "token", "byte"] = field(
