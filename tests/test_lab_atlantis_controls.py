@@ -157,7 +157,8 @@ def test_an_arm_held_by_a_live_process_is_left_to_it(micro_run, monkeypatch):
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.atlantis.runs import kept_record
+    from kinfolk.lab.atlantis.runs import RECORD_VERSION
+    from kinfolk.lab.protocol.family_runs import kept_record
 
     results_file = ROOT / "docs/results/atlantis-controls.json"
     if not results_file.exists():
@@ -165,7 +166,9 @@ def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path,
     monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
     experiment = AtlantisControls()
     s = experiment.settings
-    missing = [(f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r) is None]
+    missing = [
+        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, RECORD_VERSION) is None
+    ]
     assert not missing, f"runs {missing} have no kept record: the analysis would train them"
     results = run_experiment(experiment, ROOT / "docs/results/atlantis-controls.plan.json", tmp_path)
     expected = json.loads(results_file.read_text())

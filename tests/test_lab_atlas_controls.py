@@ -174,7 +174,8 @@ def test_a_kept_record_is_read_back_without_training(micro_run, monkeypatch):
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.atlas.controls.runs import kept_record
+    from kinfolk.lab.atlas.controls.runs import RECORD_VERSION
+    from kinfolk.lab.protocol.family_runs import kept_record
 
     results_file = ROOT / "docs/results/atlas-controls.json"
     if not results_file.exists():
@@ -182,7 +183,9 @@ def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path,
     monkeypatch.chdir(ROOT)
     experiment = AtlasControls()
     s = experiment.settings
-    missing = [(f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r) is None]
+    missing = [
+        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, RECORD_VERSION) is None
+    ]
     assert not missing, f"runs {missing} have no kept record: the analysis would train them"
     results = run_experiment(experiment, ROOT / "docs/results/atlas-controls.plan.json", tmp_path)
     expected = json.loads(results_file.read_text())

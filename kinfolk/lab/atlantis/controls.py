@@ -26,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.atlantis.runs import FamilyRuns, grid_key, kept_record
+from kinfolk.lab.atlantis.runs import RECORD_VERSION, FamilyRuns, grid_key
 from kinfolk.lab.atlantis.settings import ControlsSettings
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
+from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
@@ -78,11 +79,15 @@ def _describe(cell: str, method: str, baseline: str) -> str:
     )
 
 
-class AtlantisControls(Experiment):
+class AtlantisControls(FamilyRunsExperiment):
     name = "atlantis-controls"
     version = "3"
     unit_kind = "family"
     settings_class = ControlsSettings
+    record_version = RECORD_VERSION
+
+    def family_runs(self) -> FamilyRuns:
+        return FamilyRuns(self.settings)
 
     def primaries(self) -> list[PrimaryEndpoint]:
         return [
@@ -116,12 +121,6 @@ class AtlantisControls(Experiment):
         ]
         return endpoints
 
-    def units(self) -> list[int]:
-        return list(self.settings.families)
-
-    def runs_per_unit(self) -> int:
-        return self.settings.runs
-
     def selection_rules(self) -> dict[str, str]:
         return {
             "grid values": "per cell and arm, the grid value (uniform: learning rate; formulas and a-only: "
@@ -130,12 +129,6 @@ class AtlantisControls(Experiment):
             LARGE_BASE_ONLY: "per cell, a-only or filter at its chosen value, whichever has the higher validation "
             "accuracy; ties go to a-only",
         }
-
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = kept_record(self.settings.records, unit, run) or FamilyRuns(self.settings).record(unit, run)
-        if record is None:
-            raise RuntimeError(f"family {unit} run {run}: another process holds part of it; analyse when it ends")
-        return record
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         chosen: dict[str, Any] = {}
@@ -189,6 +182,3 @@ class AtlantisControls(Experiment):
                 "reported per family (exploratory).",
             ]
         }
-
-    def provenance(self) -> dict[str, Any]:
-        return {"records": self.settings.records}

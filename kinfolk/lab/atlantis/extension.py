@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.atlantis.runs import FamilyRuns, grid_key, kept_record
+from kinfolk.lab.atlantis.runs import RECORD_VERSION, FamilyRuns, grid_key
 from kinfolk.lab.atlantis.settings import Cell, ControlsSettings
+from kinfolk.lab.protocol.family_runs import kept_record
 
 EXTRA_RATE = 1e-4
 CELLS = ("strong/pr", "weak/pr")
@@ -37,7 +38,7 @@ def extend(settings: ControlsSettings) -> dict[str, Any]:
         for family in settings.families:
             values = []
             for run in range(settings.runs):
-                record = kept_record(settings.records, family, run)
+                record = kept_record(settings.records, family, run, RECORD_VERSION)
                 arms = record["cells"][name]["arms"]
                 uniform = {**arms["uniform"], grid_key(EXTRA_RATE): runs.arm(family, run, cell, "uniform", EXTRA_RATE)}
                 ratio = arms["ratio"]

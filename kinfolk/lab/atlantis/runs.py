@@ -25,6 +25,7 @@ from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.atlantis.arms import training_rows, verifier_precision
 from kinfolk.lab.atlantis.settings import BASES, Cell, ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
+from kinfolk.lab.protocol.family_runs import kept_record
 from kinfolk.lab.replication import cached_json
 from kinfolk.lab.skills import RESPONSE_KINDS
 
@@ -39,12 +40,6 @@ def grid_key(value: float) -> str:
     ('0.001', '2')
     """
     return f"{value:g}"
-
-
-def kept_record(records: str | Path, family: int, run: int) -> dict[str, Any] | None:
-    path = Path(records) / str(family) / f"{run}.json"
-    kept = json.loads(path.read_text()) if path.exists() else None
-    return kept if kept is not None and kept.get("record_version") == RECORD_VERSION else None
 
 
 class FamilyRuns:
@@ -127,7 +122,7 @@ class FamilyRuns:
 
     def record(self, seed: int, run: int) -> dict[str, Any] | None:
         """The run's record, kept once every arm of every cell is; None while any is another process's."""
-        kept = kept_record(self.records, seed, run)
+        kept = kept_record(self.records, seed, run, RECORD_VERSION)
         if kept is not None:
             return kept
         s = self.settings

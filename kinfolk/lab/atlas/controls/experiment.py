@@ -27,10 +27,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.atlas.controls.runs import FamilyRuns, kept_record
+from kinfolk.lab.atlas.controls.runs import RECORD_VERSION, FamilyRuns
 from kinfolk.lab.atlas.controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
 from kinfolk.lab.atlas.runs import run_name
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
+from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
@@ -56,11 +57,15 @@ def _points(runs: Mapping[str, Any], method: str, settings: ControlsSettings, sp
     ]
 
 
-class AtlasControls(Experiment):
+class AtlasControls(FamilyRunsExperiment):
     name = "atlas-controls"
     version = "3"
     unit_kind = "family"
     settings_class = ControlsSettings
+    record_version = RECORD_VERSION
+
+    def family_runs(self) -> FamilyRuns:
+        return FamilyRuns(self.settings)
 
     def _others(self) -> list[str]:
         return [m for m in self.settings.methods if m != METHOD]
@@ -110,12 +115,6 @@ class AtlasControls(Experiment):
                     "on this source (test)"))  # fmt: skip
         return endpoints
 
-    def units(self) -> list[int]:
-        return list(self.settings.families)
-
-    def runs_per_unit(self) -> int:
-        return self.settings.runs
-
     def selection_rules(self) -> dict[str, str]:
         return {
             "levels": "validation: per target, fractions (gain_levels) of LoRA's best validation gain (any of its "
@@ -125,12 +124,6 @@ class AtlasControls(Experiment):
             "copy-formats, add and text); ties to the earlier run of the grid, then the earlier step; none when no "
             "checkpoint reaches the level",
         }
-
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = kept_record(self.settings.records, unit, run) or FamilyRuns(self.settings).record(unit, run)
-        if record is None:
-            raise RuntimeError(f"family {unit} run {run}: another process holds part of it; analyse when it ends")
-        return record
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         chosen: dict[str, Any] = {}
@@ -197,9 +190,6 @@ class AtlasControls(Experiment):
                 "them: they are real-atlas's three comparisons, per target.",
             ]
         }
-
-    def provenance(self) -> dict[str, Any]:
-        return {"records": self.settings.records}
 
 
 class _Chosen:

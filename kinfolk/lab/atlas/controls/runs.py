@@ -19,16 +19,11 @@ from kinfolk.atomic import write_json
 from kinfolk.lab.atlas.controls.settings import ControlsSettings
 from kinfolk.lab.atlas.runs import run_name
 from kinfolk.lab.protocol.claims import claimed
+from kinfolk.lab.protocol.family_runs import kept_record
 from kinfolk.lab.replication import cached_json
 
 RECORD_VERSION = 1
 SPLITS = ("validation", "test")
-
-
-def kept_record(records: str | Path, family: int, run: int) -> dict[str, Any] | None:
-    path = Path(records) / str(family) / f"{run}.json"
-    kept = json.loads(path.read_text()) if path.exists() else None
-    return kept if kept is not None and kept.get("record_version") == RECORD_VERSION else None
 
 
 class FamilyRuns:
@@ -93,7 +88,7 @@ class FamilyRuns:
     def record(self, seed: int, run: int) -> dict[str, Any] | None:
         """The run's record, kept once every target's every method and grid point is; None while any is another
         process's."""
-        kept = kept_record(self.records, seed, run)
+        kept = kept_record(self.records, seed, run, RECORD_VERSION)
         if kept is not None:
             return kept
         s = self.settings
