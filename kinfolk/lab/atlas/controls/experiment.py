@@ -35,6 +35,7 @@ from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
+from kinfolk.lab.real_atlas import selection as real_atlas_selection
 from kinfolk.stats import on_grid_edge
 
 METHOD, BASELINE = "atlas", "lora"
@@ -44,8 +45,8 @@ FLOOR_FACTOR = 10.0  # no ratio where either value is within this factor of the 
 
 
 def drift(kl: Mapping[str, float], sources=OTHER_SOURCES) -> float:
-    """Geometric mean of the sources' KLs (each floored at 1e-12, so log 0 never occurs)."""
-    return math.exp(sum(math.log(max(kl[s], 1e-12)) for s in sources) / len(sources))
+    """Geometric mean of the chosen sources' KLs: real-atlas's drift, restricted to `sources`."""
+    return real_atlas_selection.drift({"kl": {source: kl[source] for source in sources}})
 
 
 def _points(runs: Mapping[str, Any], method: str, settings: ControlsSettings, split: str) -> list[dict[str, Any]]:
