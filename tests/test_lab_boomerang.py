@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kinfolk.lab.adapt.reanalysis import depth_concordance
+from kinfolk.lab.adapt.selection import depth_concordance
 from kinfolk.lab.boomerang.experiment import RealBoomerang, size_value
 from kinfolk.lab.boomerang.figure import plot_curves
 from kinfolk.lab.boomerang.settings import BoomerangSettings

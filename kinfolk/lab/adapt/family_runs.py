@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,30 @@ class AdaptFamily:
     """One family's ADAPT runs under `work`: distillations, patched sizes and measurements, each kept on disk by
     what determines it, so a stopped family resumes and a rerun with other settings reuses what it can."""
 
-    def __init__(self, family: Family, work: Path, settings: AdaptSettings, progress: bool = False):
+    def __init__(
+        self,
+        family: Family,
+        work: Path,
+        settings: AdaptSettings,
+        progress: bool = False,
+        seed: int | None = None,
+        scored: list[str] = SCORED,
+        base_sft: Callable[[int], Dataset] | None = None,
+    ):
+        """`seed` seeds every distillation (default: the family's); `scored` are the skills every size is scored
+        on; `base_sft(n)` gives the base student's `n` SFT rows (default: the variants' own post-training prompts in
+        the preferred format, version 1's choice)."""
         self.family, self.settings, self.progress = family, settings, progress
+        self.seed = family.config.seed if seed is None else seed
+        self.scored = list(scored)
+        self.base_sft = base_sft or (lambda n: family.instruct_data(n, format_of(BASE)))
         self.tokenizer = family.tokenizer()
         self._contexts: dict[str, dict[str, Any]] = {}
         # Models live under a key of what trains them, measurements carry a key of what measures them.
         trained_by = {name: getattr(settings, name) for name in TRAINING_SETTINGS}
         self.work = Path(work) / f"trained-{settings_key(trained_by)}"
-        self.measured_by = settings_key({name: getattr(settings, name) for name in MEASURING_SETTINGS})
+        measuring = {name: getattr(settings, name) for name in MEASURING_SETTINGS}
+        self.measured_by = settings_key(measuring | ({"scored": self.scored} if self.scored != SCORED else {}))
 
     def _say(self, message: str) -> None:
         if self.progress:
@@ -70,8 +87,11 @@ class AdaptFamily:
         if pretraining_steps:
             rows_of = self.family.pretraining(rows * pretraining_steps)
             text = Dataset.from_dict({"text": [p + c for p, c in zip(rows_of["prompt"], rows_of["completion"])]})
-        sft = self.family.instruct_data(rows * sft_steps, format_of(teacher)) if sft_steps else None
-        return text, sft
+        if not sft_steps:
+            return text, None
+        if teacher == BASE:
+            return text, self.base_sft(rows * sft_steps)
+        return text, self.family.instruct_data(rows * sft_steps, format_of(teacher))
 
     def distilled(self, teacher: str, phases: str, steps: int) -> Path:
         """`kinfolk distil` of `teacher`'s student (`phases`, `steps`): its directory (init-student, distilled, delta)."""
@@ -95,8 +115,8 @@ class AdaptFamily:
             max_length=MAX_LENGTH,
             save_strategy="no",
             report_to=[],
-            seed=self.family.config.seed,
-            data_seed=self.family.config.seed,
+            seed=self.seed,
+            data_seed=self.seed,
             logging_steps=max(1, steps // 10),
             disable_tqdm=True,
             gradient_checkpointing=False,
@@ -160,13 +180,15 @@ class AdaptFamily:
             from kinfolk.batches import retained_batches
 
             seed = self.family.config.seed
-            examples = corpus.ideal_dataset(SCORED, self.settings.kl_examples, seed + 6, format_of(variant), "test")
+            examples = corpus.ideal_dataset(
+                self.scored, self.settings.kl_examples, seed + 6, format_of(variant), "test"
+            )
             self._contexts[variant] = {
                 "teacher": AutoModelForCausalLM.from_pretrained(self.teacher_dir(variant)).eval(),
                 "format": format_of(variant),
                 "batches": retained_batches(examples, self.tokenizer, max_length=MAX_LENGTH, batch_size=64),
                 "problems": {
-                    split: {skill: corpus.eval_problems(skill, n, seed, split) for skill in SCORED}
+                    split: {skill: corpus.eval_problems(skill, n, seed, split) for skill in self.scored}
                     for split, n in (
                         ("test", self.settings.eval_problems),
                         ("validation", self.settings.validation_problems),
@@ -192,7 +214,7 @@ class AdaptFamily:
                     responses = generate_responses(model, self.tokenizer, rows["prompt"])
                     scores = score_responses(ALL_SKILLS[skill], rows["prompt"], responses, context["format"])
                     per_skill[skill] = scores["accuracy"]
-                per_skill["mean"] = float(np.mean([per_skill[skill] for skill in SCORED]))
+                per_skill["mean"] = float(np.mean([per_skill[skill] for skill in self.scored]))
                 accuracy[split] = per_skill
             aligned = LayerMap.load(path).aligned_teacher_layers
             return {

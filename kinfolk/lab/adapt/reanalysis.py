@@ -10,65 +10,32 @@ Selection sees validation and calibration only: each size's patch order is the o
 accuracy (ties: back-to-front, the first in name order); the routing threshold is the one whose assignment, on
 calibration, gains most over the best fixed size at no more calibration cost (ties: lower calibration cost).
 
-Size is depth, not k: sizes of equal depth are not ordered against each other, and k = M (the variant itself, KL 0
-by construction) is left out. `depth_concordance` is the share of pairs of sizes of different depth in which the
-deeper one is better, value ties counting one half. With no trend the values are exchangeable across sizes, so each
-such pair is better-deeper or better-shallower with equal probability whatever the ties: the null is 1/2 for every
-design (`no_trend_concordance` checks it by enumeration). Kept in, k = M's KL of 0 is pinned at the best value
-and the null moves up: to 2/3 for version 1's statistic over 6 sizes ordered by k, to 0.625 for depths
-5, 5, 5, 6, 7, 8 or 5, 6, 7, 8, 8, 8.
-
->>> no_trend_concordance([5, 6, 7, 8, 8, 8], [0.3, 0.2, 0.1, 0.05, 0.01, 0.0], higher_is_better=False, pinned=5)
-0.625
-
->>> depth_concordance([5, 6, 7, 8, 8], [0.5, 0.6, 0.6, 0.9, 0.8])
-0.9444444444444444
->>> no_trend_concordance([5, 6, 7, 8, 8], [0.5, 0.6, 0.6, 0.9, 0.8])
-0.5
+The selection rules and the depth concordance are `kinfolk.lab.adapt.selection`'s.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.adapt.settings import ORDERS, ROUTED
+from kinfolk.lab.adapt.selection import (
+    chosen_orders,
+    chosen_sizes,
+    chosen_threshold,
+    curve_sizes,
+    depth_concordance,
+    routed_gain,
+    routing_record,
+)
+from kinfolk.lab.adapt.settings import ROUTED
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.reanalysis import Reanalysis
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
-
-
-def depth_concordance(depths: Sequence[int], values: Sequence[float], higher_is_better: bool = True) -> float | None:
-    """Share of pairs of different depth whose deeper member has the better value (ties in value count 1/2)."""
-    scores = []
-    for (d1, v1), (d2, v2) in itertools.combinations(zip(depths, values), 2):
-        if d1 == d2:
-            continue
-        shallow, deep = (v1, v2) if d1 < d2 else (v2, v1)
-        better = deep > shallow if higher_is_better else deep < shallow
-        scores.append(1.0 if better else 0.5 if deep == shallow else 0.0)
-    return float(np.mean(scores)) if scores else None
-
-
-def no_trend_concordance(
-    depths: Sequence[int], values: Sequence[float], higher_is_better: bool = True, pinned: int | None = None
-) -> float:
-    """The expected `depth_concordance` with no trend: the mean over every assignment of the observed values to the
-    sizes (values exchangeable), keeping the value at index `pinned` in place when it is fixed by construction."""
-    free = [i for i in range(len(values)) if i != pinned]
-    totals = []
-    for order in itertools.permutations([values[i] for i in free]):
-        shuffled = list(values)
-        for index, value in zip(free, order):
-            shuffled[index] = value
-        totals.append(depth_concordance(depths, shuffled, higher_is_better))
-    return float(round(np.mean(totals), 12))
 
 
 @dataclass(frozen=True)
@@ -81,18 +48,6 @@ class AdaptReanalysisSettings:
     other_budgets: list[int] = field(default_factory=lambda: [30, 100, 1000],
                                      metadata={"help": "Budgets added after the 300-step runs were seen."})  # fmt: skip
     routing_policy: str = field(default="average", metadata={"help": "Routing policy of the primaries."})
-
-
-def _sizes(curve: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A curve's sizes per order with test measurements under `test`."""
-    return {
-        order: [
-            {"k": s["k"], "layers": s["layers"], "validation": s["validation"],
-             "test": {"accuracy": s["test"]["mean"], "kl": s["kl"]}}
-            for s in sizes
-        ]
-        for order, sizes in curve["orders"].items()
-    }  # fmt: skip
 
 
 class AdaptReanalysis(Reanalysis):
@@ -161,65 +116,24 @@ class AdaptReanalysis(Reanalysis):
         }
 
     def split_record(self, committed: dict[str, Any], run: int) -> dict[str, Any]:
-        routing = {}
-        for method in ROUTED:
-            entry = committed["routing"][method]
-            candidates = entry["routed"][self.settings.routing_policy]
-            routing[method] = {
-                "models": entry["models"],
-                "levels": entry["levels"],
-                "calibration": entry["calibration"],
-                "candidates": [{"assignment": c["assignment"], "thresholds": c["thresholds"]} for c in candidates],
-                "test": {
-                    "fixed": {m: {"accuracy": f["accuracy"], "cost": f["cost"]} for m, f in entry["fixed"].items()},
-                    "routed": [{"accuracy": c["accuracy"], "cost": c["cost"]} for c in candidates],
-                },
-            }
         return {
-            "interpolation": {v: {str(b): _sizes(c) for b, c in committed["interpolation"][v].items()}
+            "interpolation": {v: {str(b): curve_sizes(c) for b, c in committed["interpolation"][v].items()}
                               for v in self.settings.variants},
-            "transfer": {v: {m: _sizes(c) for m, c in committed["transfer"][v]["curves"].items()}
+            "transfer": {v: {m: curve_sizes(c) for m, c in committed["transfer"][v]["curves"].items()}
                          for v in self.settings.variants},
-            "routing": routing,
+            "routing": {m: routing_record(committed["routing"][m], self.settings.routing_policy) for m in ROUTED},
         }  # fmt: skip
-
-    @staticmethod
-    def _orders(curve: Mapping[str, Any]) -> list[str]:
-        sizes = len(curve[ORDERS[0]])
-        return [max(ORDERS, key=lambda o, k=k: (curve[o][k]["validation"], o == ORDERS[0])) for k in range(sizes)]
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         chosen: dict[str, Any] = {"interpolation": {}, "transfer": {}, "routing": {}}
         for variant in self.settings.variants:
-            chosen["interpolation"][variant] = {b: self._orders(c) for b, c in view["interpolation"][variant].items()}
-            chosen["transfer"][variant] = {m: self._orders(c) for m, c in view["transfer"][variant].items()}
+            chosen["interpolation"][variant] = {b: chosen_orders(c) for b, c in view["interpolation"][variant].items()}
+            chosen["transfer"][variant] = {m: chosen_orders(c) for m, c in view["transfer"][variant].items()}
         for method in ROUTED:
-            chosen["routing"][method] = self._threshold(view["routing"][method])
+            chosen["routing"][method] = chosen_threshold(view["routing"][method])
         return chosen
 
-    @staticmethod
-    def _threshold(routing: Mapping[str, Any]) -> int:
-        calibration, models = routing["calibration"], list(routing["models"])
-        accuracy = np.asarray([list(row) for row in calibration["accuracy"]])
-        cost = np.asarray([list(row) for row in calibration["cost"]])
-        levels = [str(level) for level in routing["levels"]]
-        fixed = [(float(cost[:, j].mean()), float(accuracy[:, j].mean())) for j in range(len(models))]
-
-        def score(index: int) -> tuple[float, float]:
-            assignment = routing["candidates"][index]["assignment"]
-            picks = [models.index(assignment[level]) for level in levels]
-            routed_cost = float(np.mean([cost[i, j] for i, j in enumerate(picks)]))
-            routed_accuracy = float(np.mean([accuracy[i, j] for i, j in enumerate(picks)]))
-            affordable = [a for c, a in fixed if c <= routed_cost + 1e-9]
-            gain = routed_accuracy - max(affordable) if affordable else -np.inf
-            return gain, -routed_cost
-
-        return max(range(len(routing["candidates"])), key=score)
-
     def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
-        def chosen_sizes(curve: Mapping[str, Any], orders: list[str]) -> list[dict[str, Any]]:
-            return [curve[order][k] for k, order in enumerate(orders)][:-1]  # k = M left out
-
         def concordances(budget: int) -> dict[str, float | None]:
             out: dict[str, list[float | None]] = {"accuracy": [], "KL": []}
             for variant in self.settings.variants:
@@ -247,17 +161,8 @@ class AdaptReanalysis(Reanalysis):
             mine, other = float(np.mean(ours)), float(np.mean(theirs))
             values[f"transfer: weight-delta - {baseline}"] = EndpointValue(mine - other, mine, other)
         for method in ROUTED:
-            test, index = record["routing"][method]["test"], selection["routing"][method]
-            routed = test["routed"][index]
-            affordable = [f["accuracy"] for f in test["fixed"].values() if f["cost"] <= routed["cost"] + 1e-9]
-            thresholds = record["routing"][method]["candidates"][index]["thresholds"]
-            edge = 0.0 in thresholds or 1.0 in thresholds
             name = f"routing/{method}: routed - best fixed at no more cost"
-            if not affordable:
-                values[name] = EndpointValue(None, routed["accuracy"], None, edge)
-            else:
-                best = max(affordable)
-                values[name] = EndpointValue(routed["accuracy"] - best, routed["accuracy"], best, edge)
+            values[name] = routed_gain(record["routing"][method], selection["routing"][method])
         for variant in self.settings.variants:
             curve = record["interpolation"][variant][str(self.settings.budget)]
             orders = selection["interpolation"][variant][str(self.settings.budget)]

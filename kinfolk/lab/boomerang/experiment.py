@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.adapt.reanalysis import depth_concordance
+from kinfolk.lab.adapt.selection import depth_concordance
 from kinfolk.lab.adapt.settings import largest_drop
 from kinfolk.lab.boomerang.settings import BoomerangSettings
 from kinfolk.lab.boomerang.sizes import ORDERS
