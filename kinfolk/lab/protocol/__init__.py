@@ -8,7 +8,7 @@ resumable, refusing runs of another plan), `family_runs` (experiments whose runs
 class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
-['adapt', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang']
+['adapt', 'adapt-controls', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -30,6 +30,7 @@ EXPERIMENTS: dict[str, str] = {
     "real-atlas": "kinfolk.lab.real_atlas.experiment:RealAtlas",
     "atlantis-controls": "kinfolk.lab.atlantis.controls:AtlantisControls",
     "atlas-controls": "kinfolk.lab.atlas.controls.experiment:AtlasControls",
+    "adapt-controls": "kinfolk.lab.adapt.controls.experiment:AdaptControls",
 }
 
 

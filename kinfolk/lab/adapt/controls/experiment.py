@@ -1,0 +1,178 @@
+"""adapt-controls: is ADAPT's transfer more than the base student having read the variant's own data, and do its
+sizes interpolate when the student has something left to learn?
+
+Version 1 distilled the base student's SFT phase on large_instruct's own post-training rows (close to circular for
+that variant) and scored copy and reversal, where the 5-layer student matched its teacher from 100 steps on. This
+version (settings: `settings`; runs: `runs`) gives the base student a corpus disjoint from every variant's
+post-training prompts (`base_corpus`), scores skills that need depth (reversal and graded reversal of 2-6 letters),
+runs two distillation seeds per family and keeps version 1's corpus as an exploratory arm (weight-delta-circular).
+
+Choices, on validation only (`kinfolk.lab.adapt.selection`): each size's patch order (higher validation accuracy;
+ties back-to-front); the routing threshold on the calibration split. Size is depth; k = M (the variant) is left out
+of every mean and concordance.
+
+>>> [e.name for e in AdaptControls().primaries()][:3]  # doctest: +NORMALIZE_WHITESPACE
+['interpolation: accuracy concordance with depth', 'interpolation: KL concordance with depth',
+ 'transfer/large_instruct: weight-delta - cross-patch']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kinfolk.lab.adapt.controls.runs import RECORD_VERSION, FamilyRuns
+from kinfolk.lab.adapt.controls.settings import METHODS, ROUTED, ControlsSettings
+from kinfolk.lab.adapt.selection import (
+    chosen_orders,
+    chosen_sizes,
+    chosen_threshold,
+    depth_concordance,
+    routed_gain,
+)
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
+from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
+from kinfolk.lab.protocol.plan import PrimaryEndpoint
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.views import SelectionView
+
+INTERPOLATED = ("distilled", "weight-delta")  # the families whose curves against depth are reported
+
+
+class AdaptControls(FamilyRunsExperiment):
+    name = "adapt-controls"
+    version = "3"
+    unit_kind = "family"
+    settings_class = ControlsSettings
+    record_version = RECORD_VERSION
+
+    def family_runs(self) -> FamilyRuns:
+        return FamilyRuns(self.settings)
+
+    def primaries(self) -> list[PrimaryEndpoint]:
+        s = self.settings
+        variants, skills = " and ".join(s.variants), " and ".join(s.scored)
+        return [
+            PrimaryEndpoint(
+                "interpolation: accuracy concordance with depth",
+                "share of pairs of sizes k < M of different depth whose deeper one has the higher test accuracy "
+                f"({skills}, mean), ties 1/2; each variant's own distilled family, mean over {variants}",
+                "no trend", "higher", 0.5,
+            ),
+            PrimaryEndpoint(
+                "interpolation: KL concordance with depth",
+                "as above for KL(variant || size) per response token, lower counting as better",
+                "no trend", "higher", 0.5,
+            ),
+            *(PrimaryEndpoint(
+                f"transfer/{variant}: weight-delta - cross-patch",
+                f"{variant}: test accuracy of ADAPT (weight-delta: its init + the base's delta, the base's SFT phase "
+                "on a corpus disjoint from every variant's post-training prompts) minus cross-patching its blocks "
+                "into that base student, mean over sizes k < M",
+                "cross-patch", "higher",
+            ) for variant in s.variants),
+            *(PrimaryEndpoint(
+                f"routing/{method}: routed - best fixed at no more cost",
+                f"{s.routing_variant}'s {method} family, graded reversal: test accuracy of the calibration-chosen "
+                "routed assignment minus the most accurate fixed size whose test cost is no higher",
+                "best fixed size", "higher",
+            ) for method in ROUTED),
+        ]  # fmt: skip
+
+    def exploratory(self) -> list[ExploratoryEndpoint]:
+        s, endpoints = self.settings, []
+        for variant in s.variants:
+            endpoints.append(ExploratoryEndpoint(
+                f"interpolation/{variant}: student gap",
+                f"{variant}: test accuracy of the variant (k = M) minus its distilled student's (k = 0): what there "
+                "is to interpolate", "student"))  # fmt: skip
+            for skill in s.scored:
+                endpoints.append(ExploratoryEndpoint(
+                    f"interpolation/{variant}: student gap on {skill}", "as above, one skill", "student"))  # fmt: skip
+            for key in ("accuracy", "KL"):
+                endpoints.append(ExploratoryEndpoint(
+                    f"interpolation/{variant}/weight-delta: {key} concordance with depth",
+                    "the primary's concordance over the weight-delta family", "no trend", "higher", 0.5))  # fmt: skip
+            endpoints.append(ExploratoryEndpoint(
+                f"transfer/{variant}: weight-delta - distilled",
+                "test accuracy of weight-delta minus the variant's own distilled family, mean over sizes k < M",
+                "distilled"))  # fmt: skip
+            endpoints.append(ExploratoryEndpoint(
+                f"transfer/{variant}: weight-delta - cross-patch, KL",
+                "KL(variant || size) of weight-delta minus cross-patch, mean over sizes k < M", "cross-patch",
+                "lower"))  # fmt: skip
+            if s.circular_arm:
+                endpoints.append(ExploratoryEndpoint(
+                    f"transfer/{variant}: weight-delta-circular - weight-delta",
+                    "test accuracy with the base's SFT phase on large_instruct's own post-training rows (version "
+                    "1's corpus) minus on the disjoint corpus, mean over sizes k < M: what the circular corpus "
+                    "added", "weight-delta"))  # fmt: skip
+        return endpoints
+
+    def selection_rules(self) -> dict[str, str]:
+        return {
+            "patch order": "per variant, method and size k, the order with the higher validation accuracy (mean "
+            "over the scored skills); ties: back-to-front",
+            "routing threshold": "the routed assignment (one per run of equivalent thresholds) whose calibration "
+            "accuracy minus that of the most accurate fixed size at no more calibration cost is largest; ties: "
+            "lower calibration cost",
+        }
+
+    def select(self, view: SelectionView) -> dict[str, Any]:
+        return {
+            "orders": {v: {m: chosen_orders(c) for m, c in methods.items()} for v, methods in view["curves"].items()},
+            "routing": {method: chosen_threshold(view["routing"][method]) for method in ROUTED},
+        }
+
+    def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
+        s, values = self.settings, {}
+
+        def sizes(variant: str, method: str) -> list[dict[str, Any]]:
+            return chosen_sizes(record["curves"][variant][method], selection["orders"][variant][method])
+
+        def concordance(variant: str, method: str, key: str) -> float | None:
+            chosen = sizes(variant, method)
+            if key == "accuracy":
+                return depth_concordance([c["layers"] for c in chosen], [c["test"]["accuracy"] for c in chosen])
+            return depth_concordance([c["layers"] for c in chosen], [c["test"]["kl"] for c in chosen], False)
+
+        def gap(variant: str, method: str, baseline: str, key: str = "accuracy") -> EndpointValue:
+            ours = float(np.mean([c["test"][key] for c in sizes(variant, method)]))
+            theirs = float(np.mean([c["test"][key] for c in sizes(variant, baseline)]))
+            return EndpointValue(ours - theirs, ours, theirs)
+
+        for key in ("accuracy", "KL"):
+            per_variant = [concordance(v, "distilled", key) for v in s.variants]
+            mean = None if None in per_variant else float(np.mean(per_variant))
+            values[f"interpolation: {key} concordance with depth"] = EndpointValue(mean)
+            for variant in s.variants:
+                name = f"interpolation/{variant}/weight-delta: {key} concordance with depth"
+                values[name] = EndpointValue(concordance(variant, "weight-delta", key))
+        for variant in s.variants:
+            values[f"transfer/{variant}: weight-delta - cross-patch"] = gap(variant, "weight-delta", "cross-patch")
+            values[f"transfer/{variant}: weight-delta - distilled"] = gap(variant, "weight-delta", "distilled")
+            values[f"transfer/{variant}: weight-delta - cross-patch, KL"] = gap(
+                variant, "weight-delta", "cross-patch", "kl"
+            )
+            if s.circular_arm:
+                values[f"transfer/{variant}: weight-delta-circular - weight-delta"] = gap(
+                    variant, "weight-delta-circular", "weight-delta"
+                )
+            curve, orders = record["curves"][variant]["distilled"], selection["orders"][variant]["distilled"]
+            student, full = curve[orders[0]][0]["test"], curve[orders[-1]][-1]["test"]
+            values[f"interpolation/{variant}: student gap"] = EndpointValue(
+                full["accuracy"] - student["accuracy"], full["accuracy"], student["accuracy"]
+            )
+            for skill in s.scored:
+                values[f"interpolation/{variant}: student gap on {skill}"] = EndpointValue(
+                    full["skills"][skill] - student["skills"][skill], full["skills"][skill], student["skills"][skill]
+                )
+        for method in ROUTED:
+            name = f"routing/{method}: routed - best fixed at no more cost"
+            values[name] = routed_gain(record["routing"][method], selection["routing"][method])
+        return values
+
+    def plan_fields(self) -> dict[str, Any]:
+        return {"notes": [f"Methods: {', '.join(f'{m} ({d})' for m, d in METHODS.items())}."]}
