@@ -68,7 +68,7 @@ def micro_run(tmp_path_factory):
 
 
 def test_micro_run_measures_every_method_and_keeps_the_corpora_apart(micro_run):
-    experiment, record, _ = micro_run
+    _, record, _ = micro_run
     assert set(record["curves"]["large_instruct"]) == {"distilled", "weight-delta", "cross-patch",
                                                        "weight-delta-circular"}  # fmt: skip
     for variant, methods in record["curves"].items():
