@@ -105,7 +105,7 @@ def test_micro_run_choices_and_endpoints_recomputed_by_hand(micro_run):
         assert values[f"transfer/{variant}: weight-delta - cross-patch"].value == pytest.approx(ours - theirs)
 
     def concordance_by_hand(sizes):
-        pairs = [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1:] if a["layers"] != b["layers"]]
+        pairs = [(a, b) for i, a in enumerate(sizes) for b in sizes[i + 1 :] if a["layers"] != b["layers"]]
         scores = []
         for a, b in pairs:
             deep, shallow = (a, b) if a["layers"] > b["layers"] else (b, a)
