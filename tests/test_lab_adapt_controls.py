@@ -33,7 +33,7 @@ def test_base_corpus_shares_no_prompt_with_any_variants_post_training_rows():
     variant_rows = {fmt: family.instruct_data(rows, fmt)["prompt"] for fmt in (0, 2)}  # large_instruct, bracket
     taken = set(variant_rows[0]) | set(variant_rows[2])
     assert variant_post_training_prompts(family) == taken
-    n = 4800  # the 300-step base student's SFT rows
+    n = 2400  # the 150-step base student's SFT rows (half the steps on SFT, 32 rows each)
     chosen = base_sft_corpus(family, n)
     assert len(chosen) == n and not set(chosen["prompt"]) & taken
     # the raw stream does collide (so the filter is what keeps them apart), and the corpus is that stream without
@@ -48,7 +48,7 @@ def test_base_corpus_shares_no_prompt_with_any_variants_post_training_rows():
 
 def micro_settings(tmp_path: Path) -> ControlsSettings:
     return ControlsSettings(
-        families=[0], runs=1, steps=2, batch_size=4, eval_problems=4, validation_problems=4, kl_examples=8,
+        families=[0], runs=1, layers="{every: 2, last: 1}", steps=2, batch_size=4, eval_problems=4, validation_problems=4, kl_examples=8,
         routing_problems=3, work=str(tmp_path / "work"), records=str(tmp_path / "records"),
         family_overrides=MICRO_ADAPT,
     )  # fmt: skip
@@ -74,7 +74,7 @@ def test_micro_run_measures_every_method_and_keeps_the_corpora_apart(micro_run):
     for variant, methods in record["curves"].items():
         for method, orders in methods.items():
             for order, sizes in orders.items():
-                assert [s["k"] for s in sizes] == [0, 1, 2, 3], (variant, method, order)  # 4-layer teacher
+                assert [s["k"] for s in sizes] == [0, 1, 2, 3], (variant, method, order)  # 4-layer teacher: 0, 2, 3
                 assert sizes[-1]["test"]["kl"] == pytest.approx(0.0, abs=1e-6)  # k = M is the variant itself
                 for size in sizes:
                     skills = size["test"]["skills"]
