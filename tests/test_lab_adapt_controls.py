@@ -2,7 +2,6 @@
 1's was large_instruct's own), one micro family through the protocol's runner (choices and endpoints recomputed by
 hand from the record), and the committed results recomputed from the plan and the kept records."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +13,9 @@ from kinfolk.lab.adapt.controls.experiment import AdaptControls
 from kinfolk.lab.adapt.controls.settings import ControlsSettings
 from kinfolk.lab.adapt.settings import adapt_family_config
 from kinfolk.lab.family import Family
-from kinfolk.lab.protocol.plan import write_plan
-from kinfolk.lab.protocol.runner import run_experiment
 from kinfolk.lab.protocol.views import SelectionView
+from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_adapt_experiment import MICRO_ADAPT
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _unbuilt_family(seed: int) -> Family:
@@ -57,13 +53,8 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("adapt-controls")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
-        experiment = AdaptControls(micro_settings(tmp_path))
-        plan_file = tmp_path / "plan.json"
-        write_plan(experiment.plan(**experiment.plan_fields()), plan_file)
-        results = run_experiment(experiment, plan_file, tmp_path / "protocol")
-    record = json.loads((tmp_path / "records" / "0" / "0.json").read_text())
+    experiment = AdaptControls(micro_settings(tmp_path))
+    record, results = run_micro(experiment, tmp_path)
     return experiment, record, results
 
 
@@ -128,20 +119,4 @@ def test_micro_run_choices_and_endpoints_recomputed_by_hand(micro_run):
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.adapt.controls.runs import RECORD_VERSION
-    from kinfolk.lab.protocol.family_runs import kept_record
-
-    results_file = ROOT / "docs/results/adapt-controls.json"
-    if not results_file.exists():
-        pytest.skip("adapt-controls has no committed results yet")  # its runs are committed family by family
-    monkeypatch.chdir(ROOT)
-    experiment = AdaptControls()
-    s = experiment.settings
-    missing = [
-        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, RECORD_VERSION) is None
-    ]
-    assert not missing, f"runs {missing} have no kept record: the analysis would train them"
-    results = run_experiment(experiment, ROOT / "docs/results/adapt-controls.plan.json", tmp_path)
-    expected = json.loads(results_file.read_text())
-    assert results["plan_sha256"] == expected["plan_sha256"]
-    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+    check_committed_results(AdaptControls(), tmp_path, monkeypatch)

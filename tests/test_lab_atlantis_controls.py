@@ -3,7 +3,6 @@ cell, arm and grid value; the weak cell on the strong pool's rows; choices and e
 the record), resume without training, a run another process holds, and the committed results recomputed."""
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,8 @@ from kinfolk.lab.atlantis.controls import EXPLORATORY, LARGE_BASE_ONLY, PRIMARY,
 from kinfolk.lab.atlantis.runs import FamilyRuns, grid_key
 from kinfolk.lab.atlantis.settings import ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
-from kinfolk.lab.protocol.plan import write_plan
-from kinfolk.lab.protocol.runner import run_experiment
+from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_family import MICRO
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_arms_rows_and_weights_by_hand():
@@ -65,13 +61,8 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 def micro_run(tmp_path_factory):
     """One micro family's run through the runner, under a plan written as `plan` writes it."""
     tmp_path = tmp_path_factory.mktemp("atlantis-controls")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
-        experiment = AtlantisControls(micro_settings(tmp_path))
-        plan_file = tmp_path / "plan.json"
-        write_plan(experiment.plan(**experiment.plan_fields()), plan_file)
-        results = run_experiment(experiment, plan_file, tmp_path / "protocol")
-    record = json.loads((tmp_path / "records" / "0" / "0.json").read_text())
+    experiment = AtlantisControls(micro_settings(tmp_path))
+    record, results = run_micro(experiment, tmp_path)
     return experiment, record, results, tmp_path
 
 
@@ -157,23 +148,7 @@ def test_an_arm_held_by_a_live_process_is_left_to_it(micro_run, monkeypatch):
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.atlantis.runs import RECORD_VERSION
-    from kinfolk.lab.protocol.family_runs import kept_record
-
-    results_file = ROOT / "docs/results/atlantis-controls.json"
-    if not results_file.exists():
-        pytest.skip("atlantis-controls has no committed results yet")  # its runs are committed family by family
-    monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
-    experiment = AtlantisControls()
-    s = experiment.settings
-    missing = [
-        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, RECORD_VERSION) is None
-    ]
-    assert not missing, f"runs {missing} have no kept record: the analysis would train them"
-    results = run_experiment(experiment, ROOT / "docs/results/atlantis-controls.plan.json", tmp_path)
-    expected = json.loads(results_file.read_text())
-    assert results["plan_sha256"] == expected["plan_sha256"]
-    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+    check_committed_results(AtlantisControls(), tmp_path, monkeypatch)
 
 
 def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, monkeypatch):

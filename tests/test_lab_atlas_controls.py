@@ -3,7 +3,6 @@ protocol's runner (every method and grid point, step-0 floors of identity adapte
 recomputed by hand from the record), and the committed results recomputed from the plan and records."""
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -15,12 +14,9 @@ from kinfolk.lab.atlas.controls.runs import FamilyRuns
 from kinfolk.lab.atlas.controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
 from kinfolk.lab.atlas.controls.sources import source_rows
 from kinfolk.lab.atlas.runs import run_name
-from kinfolk.lab.protocol.plan import write_plan
-from kinfolk.lab.protocol.runner import run_experiment
 from kinfolk.lab.protocol.views import SelectionView
+from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_family import MICRO
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_sources_share_nothing_across_splits_and_nothing_with_the_atlas_fit():
@@ -63,13 +59,8 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("atlas-controls")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
-        experiment = AtlasControls(micro_settings(tmp_path))
-        plan_file = tmp_path / "plan.json"
-        write_plan(experiment.plan(**experiment.plan_fields()), plan_file)
-        results = run_experiment(experiment, plan_file, tmp_path / "protocol")
-    record = json.loads((tmp_path / "records" / "0" / "0.json").read_text())
+    experiment = AtlasControls(micro_settings(tmp_path))
+    record, results = run_micro(experiment, tmp_path)
     return experiment, record, results, tmp_path
 
 
@@ -174,20 +165,4 @@ def test_a_kept_record_is_read_back_without_training(micro_run, monkeypatch):
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.atlas.controls.runs import RECORD_VERSION
-    from kinfolk.lab.protocol.family_runs import kept_record
-
-    results_file = ROOT / "docs/results/atlas-controls.json"
-    if not results_file.exists():
-        pytest.skip("atlas-controls has no committed results yet")  # its runs are committed family by family
-    monkeypatch.chdir(ROOT)
-    experiment = AtlasControls()
-    s = experiment.settings
-    missing = [
-        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, RECORD_VERSION) is None
-    ]
-    assert not missing, f"runs {missing} have no kept record: the analysis would train them"
-    results = run_experiment(experiment, ROOT / "docs/results/atlas-controls.plan.json", tmp_path)
-    expected = json.loads(results_file.read_text())
-    assert results["plan_sha256"] == expected["plan_sha256"]
-    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+    check_committed_results(AtlasControls(), tmp_path, monkeypatch)

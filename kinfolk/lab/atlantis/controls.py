@@ -82,12 +82,9 @@ def _describe(cell: str, method: str, baseline: str) -> str:
 class AtlantisControls(FamilyRunsExperiment):
     name = "atlantis-controls"
     version = "3"
-    unit_kind = "family"
     settings_class = ControlsSettings
     record_version = RECORD_VERSION
-
-    def family_runs(self) -> FamilyRuns:
-        return FamilyRuns(self.settings)
+    family_runs_class = FamilyRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:
         return [

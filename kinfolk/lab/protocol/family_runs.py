@@ -13,7 +13,6 @@ True
 from __future__ import annotations
 
 import json
-from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,10 +31,11 @@ class FamilyRunsExperiment(Experiment):
     """Units are `settings.families`, each with `settings.runs` runs, their records kept under `settings.records`."""
 
     record_version: ClassVar[int]
+    family_runs_class: ClassVar[type]  # made from the settings; `record(family, run) -> dict | None`
 
-    @abstractmethod
     def family_runs(self) -> Any:
-        """The maker of this experiment's runs (`record(family, run) -> dict | None`)."""
+        """The maker of this experiment's runs."""
+        return self.family_runs_class(self.settings)
 
     def units(self) -> list[int]:
         return list(self.settings.families)

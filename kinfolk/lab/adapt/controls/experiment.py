@@ -45,12 +45,9 @@ INTERPOLATED = ("distilled", "weight-delta")  # the families whose curves agains
 class AdaptControls(FamilyRunsExperiment):
     name = "adapt-controls"
     version = "3"
-    unit_kind = "family"
     settings_class = ControlsSettings
     record_version = RECORD_VERSION
-
-    def family_runs(self) -> FamilyRuns:
-        return FamilyRuns(self.settings)
+    family_runs_class = FamilyRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:
         s = self.settings

@@ -61,12 +61,9 @@ def _points(runs: Mapping[str, Any], method: str, settings: ControlsSettings, sp
 class AtlasControls(FamilyRunsExperiment):
     name = "atlas-controls"
     version = "3"
-    unit_kind = "family"
     settings_class = ControlsSettings
     record_version = RECORD_VERSION
-
-    def family_runs(self) -> FamilyRuns:
-        return FamilyRuns(self.settings)
+    family_runs_class = FamilyRuns
 
     def _others(self) -> list[str]:
         return [m for m in self.settings.methods if m != METHOD]
