@@ -36,7 +36,9 @@ routing gain (routed accuracy at each fixed size's cost minus its accuracy, mean
 
 Modules: `settings` (names, `AdaptSettings`, the family, the curve statistics), `agreement` (KL and cosines to the
 variant), `family_runs` (`AdaptFamily`: one family's stages), `endpoints` (version 1's declared endpoints),
-`experiment` (`run_adapt`, the curves' figure) and `reanalysis` (the protocol-2 analysis of the committed runs).
+`experiment` (`run_adapt`, the curves' figure), `selection` (the patch-order and routing-threshold rules and the
+depth concordance every plan version uses), `reanalysis` (version 2: the protocol-2 analysis of the committed runs)
+and `controls` (version 3, `adapt-controls`: a base corpus disjoint from the variants' data, two seeds per family).
 """
 
 from kinfolk.lab.adapt.agreement import teacher_agreement

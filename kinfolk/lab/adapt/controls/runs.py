@@ -16,7 +16,7 @@ from typing import Any
 
 from kinfolk import console
 from kinfolk.atomic import write_json
-from kinfolk.lab.adapt.controls.base_corpus import base_sft_corpus, variant_post_training_prompts
+from kinfolk.lab.adapt.controls.base_corpus import VARIANTS, base_sft_corpus, variant_post_training_prompts
 from kinfolk.lab.adapt.controls.settings import ROUTED, ControlsSettings
 from kinfolk.lab.adapt.selection import curve_sizes, routing_record
 from kinfolk.lab.adapt.settings import BASE, format_of
@@ -95,13 +95,11 @@ class FamilyRuns:
 
     def corpus_overlap(self, family, disjoint, circular) -> dict[str, Any]:
         """Share of each base corpus's SFT prompts among the variants' post-training prompts (per variant)."""
-        steps = disjoint.training_data(BASE, "two-phase", self.settings.steps)[1]
-        v1 = circular.training_data(BASE, "two-phase", self.settings.steps)[1]
+        corpora = {name: run.training_data(BASE, "two-phase", self.settings.steps)[1]
+                   for name, run in (("disjoint", disjoint), ("circular", circular))}  # fmt: skip
         shares = {}
-        for variant in ("large_instruct", "large_bracket"):
+        for variant in VARIANTS:
             theirs = variant_post_training_prompts(family, [variant])
-            shares[variant] = {
-                "disjoint": sum(p in theirs for p in steps["prompt"]) / len(steps),
-                "circular": sum(p in theirs for p in v1["prompt"]) / len(v1),
-            }
-        return {"rows": len(steps), "format": format_of(BASE), "shared_prompts": shares}
+            shares[variant] = {name: sum(p in theirs for p in rows["prompt"]) / len(rows)
+                               for name, rows in corpora.items()}  # fmt: skip
+        return {"rows": len(corpora["disjoint"]), "format": format_of(BASE), "shared_prompts": shares}
