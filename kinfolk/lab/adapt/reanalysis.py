@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.lab.adapt.selection import (
+    ROUTING_THRESHOLD_RULE,
     chosen_orders,
     chosen_sizes,
     chosen_threshold,
@@ -110,9 +111,7 @@ class AdaptReanalysis(Reanalysis):
     def selection_rules(self) -> dict[str, str]:
         return {
             "patch order": "per curve and size k, the order with the higher validation accuracy; ties: back-to-front",
-            "routing threshold": "the routed assignment (one per run of equivalent thresholds) whose calibration "
-            "accuracy minus that of the most accurate fixed size at no more calibration cost is largest; ties: "
-            "lower calibration cost",
+            "routing threshold": ROUTING_THRESHOLD_RULE,
         }
 
     def split_record(self, committed: dict[str, Any], run: int) -> dict[str, Any]:

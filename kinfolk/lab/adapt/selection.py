@@ -38,6 +38,12 @@ import numpy as np
 from kinfolk.lab.adapt.settings import ORDERS
 from kinfolk.lab.protocol.records import EndpointValue
 
+# `chosen_threshold`'s rule as every plan states it (a plan's hash covers this text).
+ROUTING_THRESHOLD_RULE = (
+    "the routed assignment (one per run of equivalent thresholds) whose calibration accuracy minus that of the most "
+    "accurate fixed size at no more calibration cost is largest; ties: lower calibration cost"
+)
+
 
 def depth_concordance(depths: Sequence[int], values: Sequence[float], higher_is_better: bool = True) -> float | None:
     """Share of pairs of different depth whose deeper member has the better value (ties in value count 1/2)."""

@@ -25,21 +25,21 @@ from typing import Any
 import numpy as np
 
 from kinfolk.lab.adapt.controls.runs import RECORD_VERSION, FamilyRuns
-from kinfolk.lab.adapt.controls.settings import METHODS, ROUTED, ControlsSettings
+from kinfolk.lab.adapt.controls.settings import METHODS, ControlsSettings
 from kinfolk.lab.adapt.selection import (
+    ROUTING_THRESHOLD_RULE,
     chosen_orders,
     chosen_sizes,
     chosen_threshold,
     depth_concordance,
     routed_gain,
 )
+from kinfolk.lab.adapt.settings import ROUTED
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
-
-INTERPOLATED = ("distilled", "weight-delta")  # the families whose curves against depth are reported
 
 
 class AdaptControls(FamilyRunsExperiment):
@@ -113,9 +113,7 @@ class AdaptControls(FamilyRunsExperiment):
         return {
             "patch order": "per variant, method and size k, the order with the higher validation accuracy (mean "
             "over the scored skills); ties: back-to-front",
-            "routing threshold": "the routed assignment (one per run of equivalent thresholds) whose calibration "
-            "accuracy minus that of the most accurate fixed size at no more calibration cost is largest; ties: "
-            "lower calibration cost",
+            "routing threshold": ROUTING_THRESHOLD_RULE,
         }
 
     def select(self, view: SelectionView) -> dict[str, Any]:
@@ -131,10 +129,9 @@ class AdaptControls(FamilyRunsExperiment):
             return chosen_sizes(record["curves"][variant][method], selection["orders"][variant][method])
 
         def concordance(variant: str, method: str, key: str) -> float | None:
-            chosen = sizes(variant, method)
-            if key == "accuracy":
-                return depth_concordance([c["layers"] for c in chosen], [c["test"]["accuracy"] for c in chosen])
-            return depth_concordance([c["layers"] for c in chosen], [c["test"]["kl"] for c in chosen], False)
+            chosen, measure = sizes(variant, method), key.lower()  # "accuracy" rises with depth, "kl" falls
+            values = [c["test"][measure] for c in chosen]
+            return depth_concordance([c["layers"] for c in chosen], values, higher_is_better=measure == "accuracy")
 
         def gap(variant: str, method: str, baseline: str, key: str = "accuracy") -> EndpointValue:
             ours = float(np.mean([c["test"][key] for c in sizes(variant, method)]))

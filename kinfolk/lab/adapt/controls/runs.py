@@ -17,9 +17,9 @@ from typing import Any
 from kinfolk import console
 from kinfolk.atomic import write_json
 from kinfolk.lab.adapt.controls.base_corpus import VARIANTS, base_sft_corpus, variant_post_training_prompts
-from kinfolk.lab.adapt.controls.settings import ROUTED, ControlsSettings
+from kinfolk.lab.adapt.controls.settings import ControlsSettings
 from kinfolk.lab.adapt.selection import curve_sizes, routing_record
-from kinfolk.lab.adapt.settings import BASE, format_of
+from kinfolk.lab.adapt.settings import BASE, ROUTED, format_of
 from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import kept_record
 

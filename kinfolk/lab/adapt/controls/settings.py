@@ -19,7 +19,6 @@ METHODS = {
     "weight-delta-circular": "the variant's init + the delta of a base student whose SFT phase read large_instruct's "
     "own post-training rows (version 1's corpus)",
 }
-ROUTED = ("distilled", "weight-delta")
 
 
 @dataclass(frozen=True)
@@ -64,9 +63,6 @@ class ControlsSettings:
     family_overrides: dict = field(
         default_factory=dict, metadata={"help": "LabConfig fields over the ADAPT family (the tests' micro family)."}
     )
-
-    def methods(self) -> list[str]:
-        return [m for m in METHODS if self.circular_arm or m != "weight-delta-circular"]
 
     def distillation_seed(self, family: int, run: int) -> int:
         return 100 * family + run
