@@ -543,14 +543,14 @@ def test_drift_refuses_a_run_without_its_three_values(drift_runs, tmp_path):
 @pytest.fixture
 def no_family_build(monkeypatch):
     """Fails the test if the lab starts building a family (minutes) before refusing."""
-    import kinfolk.lab.family
-    import kinfolk.lab.replication
+    import kinfolk.lab.methods.replication
+    import kinfolk.lab.world.family
 
     def refuse(*args, **kwargs):
         raise AssertionError("a family build started before the bad option was refused")
 
-    monkeypatch.setattr(kinfolk.lab.family, "build_family", refuse)
-    monkeypatch.setattr(kinfolk.lab.replication, "build_family", refuse)
+    monkeypatch.setattr(kinfolk.lab.world.family, "build_family", refuse)
+    monkeypatch.setattr(kinfolk.lab.methods.replication, "build_family", refuse)
 
 
 @pytest.mark.parametrize(

@@ -65,10 +65,10 @@ def test_verbose_passes_everything_through(tmp_path, capfd):
 
 @pytest.mark.slow
 def test_a_trainer_and_lm_eval_under_the_console_leave_the_terminal_a_few_short_lines(tmp_path):
-    from kinfolk.lab.family import LabConfig
-    from kinfolk.lab.members import fresh_model
-    from kinfolk.lab.tasks import evaluate_with_lm_eval
-    from kinfolk.lab.tokenizer import build_lab_tokenizer
+    from kinfolk.lab.world.family import LabConfig
+    from kinfolk.lab.world.members import fresh_model
+    from kinfolk.lab.world.tasks import evaluate_with_lm_eval
+    from kinfolk.lab.world.tokenizer import build_lab_tokenizer
 
     out, err = io.StringIO(), io.StringIO()
     log = tmp_path / "run.log"

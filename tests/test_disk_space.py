@@ -242,10 +242,10 @@ def main_init(teacher, tmp_path) -> str:
 def test_lab_build_refuses_before_training_when_the_family_does_not_fit(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from kinfolk.lab import family as family_module
-    from kinfolk.lab.family import LabConfig
-    from kinfolk.lab.members import model_config
-    from kinfolk.lab.tokenizer import build_lab_tokenizer
+    from kinfolk.lab.world import family as family_module
+    from kinfolk.lab.world.family import LabConfig
+    from kinfolk.lab.world.members import model_config
+    from kinfolk.lab.world.tokenizer import build_lab_tokenizer
 
     config, tokenizer = LabConfig.quick_config(seed=0), build_lab_tokenizer()
     saved = {}

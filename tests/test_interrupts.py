@@ -122,8 +122,8 @@ def test_an_interrupted_patch_all_leaves_nothing_and_its_command_reruns(patch_se
 
 def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_them(tmp_path, monkeypatch):
     """The command's wiring and the families runner's resume line, with a stub for each family's runs."""
-    import kinfolk.lab.atlantis_experiment as experiment
-    import kinfolk.lab.replication as replication
+    import kinfolk.lab.methods.atlantis as experiment
+    import kinfolk.lab.methods.replication as replication
 
     ran = []
 
@@ -143,7 +143,7 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
 
     monkeypatch.setattr(replication, "build_family", stub_family)
     monkeypatch.setattr(experiment, "run_atlantis", run_atlantis)
-    monkeypatch.setattr("kinfolk.lab.results_doc.results_markdown", lambda results: "results table")
+    monkeypatch.setattr("kinfolk.lab.demo.results_page.results_markdown", lambda results: "results table")
     out = tmp_path / "lab-atlantis"
     argv = ["lab", "experiment", "atlantis", "--families", "3", "--out", str(out)]
 
@@ -237,9 +237,9 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
     (and its scores by a stub): SIGTERM while the third of the five models trains."""
     from transformers import AutoModelForCausalLM
 
-    import kinfolk.lab.family as family_module
-    from kinfolk.lab.skills import SKILLS
-    from kinfolk.lab.training import save_model
+    import kinfolk.lab.world.family as family_module
+    from kinfolk.lab.world.skills import SKILLS
+    from kinfolk.lab.world.training import save_model
 
     trained = []
 

@@ -7,13 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kinfolk.lab import corpus
-from kinfolk.lab.adapt.controls.base_corpus import BASE_CORPUS_OFFSET, base_sft_corpus, variant_post_training_prompts
-from kinfolk.lab.adapt.controls.experiment import AdaptControls
-from kinfolk.lab.adapt.controls.settings import ControlsSettings
-from kinfolk.lab.adapt.settings import adapt_family_config
-from kinfolk.lab.family import Family
+from kinfolk.lab.experiments.adapt_controls.base_corpus import (
+    BASE_CORPUS_OFFSET,
+    base_sft_corpus,
+    variant_post_training_prompts,
+)
+from kinfolk.lab.experiments.adapt_controls.experiment import AdaptControls
+from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
+from kinfolk.lab.methods.adapt.settings import adapt_family_config
 from kinfolk.lab.protocol.views import SelectionView
+from kinfolk.lab.world import corpus
+from kinfolk.lab.world.family import Family
 from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_adapt_experiment import MICRO_ADAPT
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from kinfolk.lab.adapt import (
+from kinfolk.lab.methods.adapt import (
     METHODS,
     AdaptFamily,
     AdaptSettings,
@@ -25,7 +25,7 @@ from kinfolk.lab.adapt import (
     run_adapt,
     teacher_agreement,
 )
-from kinfolk.lab.evaluate import skill_scores
+from kinfolk.lab.world.evaluate import skill_scores
 from kinfolk.plugins.adapt import LayerMap
 from kinfolk.plugins.adapt.cost import model_cost
 from kinfolk.plugins.adapt.routing import Outcomes, frontier
@@ -43,8 +43,8 @@ def experiment(tmp_path_factory):
     results = run_adapt(root / "out", [0], SETTINGS, family_overrides=MICRO_ADAPT, cache_dir=root / "cache",
                         progress=False)  # fmt: skip
     record = json.loads((root / "out" / "families" / "0.json").read_text())
-    from kinfolk.lab.adapt import adapt_family_config
-    from kinfolk.lab.family import build_family
+    from kinfolk.lab.methods.adapt import adapt_family_config
+    from kinfolk.lab.world.family import build_family
 
     family = build_family(adapt_family_config(0, **MICRO_ADAPT), cache_dir=root / "cache", progress=False)
     run = AdaptFamily(family, root / "out" / "families" / "0", SETTINGS)

@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from kinfolk.lab.atlantis.arms import filtered_rows, training_rows, verifier_precision
-from kinfolk.lab.atlantis.controls import EXPLORATORY, LARGE_BASE_ONLY, PRIMARY, AtlantisControls, comparison_name
-from kinfolk.lab.atlantis.runs import FamilyRuns, grid_key
-from kinfolk.lab.atlantis.settings import ControlsSettings
+from kinfolk.lab.experiments.atlantis_controls.arms import filtered_rows, training_rows, verifier_precision
+from kinfolk.lab.experiments.atlantis_controls.experiment import (
+    EXPLORATORY,
+    LARGE_BASE_ONLY,
+    PRIMARY,
+    AtlantisControls,
+    comparison_name,
+)
+from kinfolk.lab.experiments.atlantis_controls.runs import FamilyRuns, grid_key
+from kinfolk.lab.experiments.atlantis_controls.settings import ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
 from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_family import MICRO
@@ -127,7 +133,7 @@ def test_micro_run_resumes_from_its_kept_results_without_training(micro_run, mon
     def refuse(*args, **kwargs):
         raise AssertionError("a kept result was trained again")
 
-    monkeypatch.setattr("kinfolk.lab.atlantis_experiment.train_and_score", refuse)
+    monkeypatch.setattr("kinfolk.lab.methods.atlantis.train_and_score", refuse)
     elsewhere = dataclasses.replace(experiment.settings, records=str(tmp_path / "records-again"))
     assert FamilyRuns(elsewhere).record(0, 0) == record  # every arm read back from the work folder
 
@@ -152,7 +158,7 @@ def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path,
 
 
 def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, monkeypatch):
-    from kinfolk.lab.atlantis.extension import EXTRA_RATE, chosen_test, extend
+    from kinfolk.lab.experiments.atlantis_controls.extension import EXTRA_RATE, chosen_test, extend
 
     experiment, record, _, tmp_path = micro_run
     monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
@@ -174,7 +180,7 @@ def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, m
 
 
 def test_chosen_test_takes_the_first_best_on_validation():
-    from kinfolk.lab.atlantis.extension import chosen_test
+    from kinfolk.lab.experiments.atlantis_controls.extension import chosen_test
 
     grid = {"0.5": {"validation": {"mean": 0.7}, "test": {"mean": 0.1}},
             "1": {"validation": {"mean": 0.9}, "test": {"mean": 0.2}},

@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kinfolk.lab.atlas.controls.experiment import AtlasControls
-from kinfolk.lab.atlas.controls.runs import FamilyRuns
-from kinfolk.lab.atlas.controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
-from kinfolk.lab.atlas.controls.sources import source_rows
-from kinfolk.lab.atlas.runs import run_name
+from kinfolk.lab.experiments.atlas_controls.experiment import AtlasControls
+from kinfolk.lab.experiments.atlas_controls.runs import FamilyRuns
+from kinfolk.lab.experiments.atlas_controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
+from kinfolk.lab.experiments.atlas_controls.sources import source_rows
+from kinfolk.lab.methods.atlas.runs import run_name
 from kinfolk.lab.protocol.views import SelectionView
 from tests.family_runs_helpers import check_committed_results, run_micro
 from tests.test_lab_family import MICRO
 
 
 def test_sources_share_nothing_across_splits_and_nothing_with_the_atlas_fit():
-    from kinfolk.lab import corpus
-    from kinfolk.lab.skills import FORMATS
+    from kinfolk.lab.world import corpus
+    from kinfolk.lab.world.skills import FORMATS
 
     fit_prompts = set(corpus.ideal_dataset(["copy"], 512, seed=3)["prompt"])  # the family's retained train rows
     for source in SOURCES:
@@ -159,7 +159,7 @@ def test_a_kept_record_is_read_back_without_training(micro_run, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a kept run was trained again")
 
-    monkeypatch.setattr("kinfolk.lab.atlas.runs.train_run", refuse)
+    monkeypatch.setattr("kinfolk.lab.methods.atlas.runs.train_run", refuse)
     elsewhere = dataclasses.replace(experiment.settings, records=str(tmp_path / "records-again"))
     assert FamilyRuns(elsewhere).record(0, 0) == record
 

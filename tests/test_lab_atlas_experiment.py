@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from kinfolk.lab.atlas import (
+from kinfolk.lab.methods.atlas import (
     AtlasSettings,
     analyse_target,
     declare_endpoints,
@@ -18,8 +18,8 @@ from kinfolk.lab.atlas import (
     plot_fronts,
     select_runs,
 )
-from kinfolk.lab.atlas import experiment as atlas_experiment
-from kinfolk.lab.atlas import runs as atlas_runs
+from kinfolk.lab.methods.atlas import experiment as atlas_experiment
+from kinfolk.lab.methods.atlas import runs as atlas_runs
 
 
 def _point(step, validation, test, forgot=0, norms=(1.0, 0.5)):
@@ -168,7 +168,7 @@ SMALL = AtlasSettings(
 
 @pytest.fixture(scope="module")
 def micro_family(tmp_path_factory):
-    from kinfolk.lab.family import LabConfig, build_family
+    from kinfolk.lab.world.family import LabConfig, build_family
     from tests.test_lab_family import MICRO
 
     return build_family(LabConfig(**MICRO), cache_dir=tmp_path_factory.mktemp("lab"), progress=False)
@@ -196,7 +196,7 @@ def test_a_fresh_adapter_measures_as_the_frozen_model(context, method):
 def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
     from peft import PeftModel
 
-    from kinfolk.lab.evaluate import generate_responses
+    from kinfolk.lab.world.evaluate import generate_responses
 
     run = atlas_runs.train_run(context, "reverse", "lora", 0.05, keep_model=tmp_path / "lora")
     assert [p["step"] for p in run["points"]] == [2, 4]
@@ -229,7 +229,7 @@ def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
 
 
 def test_one_micro_family_runs_every_method_through_the_runner(micro_family, tmp_path, monkeypatch):
-    from kinfolk.lab.family import LabConfig
+    from kinfolk.lab.world.family import LabConfig
     from tests.test_lab_family import MICRO
 
     monkeypatch.setattr(atlas_experiment, "family_config", lambda seed, settings, quick: LabConfig(**MICRO))

@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kinfolk.lab.adapt.selection import depth_concordance
-from kinfolk.lab.boomerang.experiment import RealBoomerang, size_value
-from kinfolk.lab.boomerang.figure import plot_curves
-from kinfolk.lab.boomerang.settings import BoomerangSettings
-from kinfolk.lab.boomerang.sizes import patched_sizes
-from kinfolk.lab.heldout import TeacherReference, rows_from
+from kinfolk.lab.experiments.real_boomerang.experiment import RealBoomerang, size_value
+from kinfolk.lab.experiments.real_boomerang.figure import plot_curves
+from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
+from kinfolk.lab.experiments.real_boomerang.sizes import patched_sizes
+from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
+from kinfolk.lab.world.heldout import TeacherReference, rows_from
 from kinfolk.plugins.adapt import merge
 
 

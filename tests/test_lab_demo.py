@@ -12,14 +12,14 @@ from peft import AutoPeftModelForCausalLM
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.commands.demo import main
-from kinfolk.lab.atlantis_experiment import accuracy
-from kinfolk.lab.evaluate import skill_scores
-from kinfolk.lab.report import headline_table
+from kinfolk.lab.demo.report import headline_table
+from kinfolk.lab.methods.atlantis import accuracy
+from kinfolk.lab.world.evaluate import skill_scores
 
 FRESH_ACCURACY = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from kinfolk.lab.atlantis_experiment import accuracy
+from kinfolk.lab.methods.atlantis import accuracy
 path, n, seed, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
 model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

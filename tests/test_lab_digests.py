@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kinfolk.lab import digests
-from kinfolk.lab.digests import Machine, check_family, record_family, weight_digest
+from kinfolk.lab.world import digests
+from kinfolk.lab.world.digests import Machine, check_family, record_family, weight_digest
 
 
 def _save(folder, tensors, metadata=None):
@@ -52,10 +52,10 @@ def test_a_build_is_checked_against_the_documented_digests_of_its_key(tmp_path, 
 
 
 def test_committed_digests_name_their_machine_and_every_model():
-    from kinfolk.lab.family import MODELS
+    from kinfolk.lab.world.family import MODELS
 
     documented = digests.documented_families()
-    assert documented, "kinfolk/lab/digests.json documents at least the default family"
+    assert documented, "kinfolk/lab/world/digests.json documents at least the default family"
     for key, family in documented.items():
         assert sorted(family.models) == sorted(MODELS), key
         assert family.machine.cpu_capability and family.machine.torch, key
@@ -65,7 +65,7 @@ def test_committed_digests_name_their_machine_and_every_model():
 @pytest.mark.xdist_group("quick-lab-family")  # reuses the quick family the demo test builds
 def test_lab_build_says_how_the_build_compares_with_the_documented_family(lab_cache_dir, capsys):
     from kinfolk.commands import main
-    from kinfolk.lab.family import LabConfig
+    from kinfolk.lab.world.family import LabConfig
 
     key = LabConfig.quick_config(seed=0).cache_key()
     assert key in digests.documented_families()  # the quick family CI builds is documented

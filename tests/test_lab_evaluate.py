@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kinfolk.lab.evaluate import generate_responses
-from kinfolk.lab.training import lab_trainer, save_model
+from kinfolk.lab.world.evaluate import generate_responses
+from kinfolk.lab.world.training import lab_trainer, save_model
 from kinfolk.testing import prompt_completion_dataset
 
 

@@ -13,7 +13,7 @@ import pytest
 from datasets import Dataset
 
 from kinfolk.lab import replication
-from kinfolk.lab.atlantis_experiment import (
+from kinfolk.lab.methods.atlantis import (
     ENDPOINTS,
     LOG_ESTIMAND,
     AtlantisSettings,
@@ -21,7 +21,7 @@ from kinfolk.lab.atlantis_experiment import (
     log_estimand,
     oracle_weights,
 )
-from kinfolk.lab.replication import Endpoint, run_families
+from kinfolk.lab.methods.replication import Endpoint, run_families
 from kinfolk.stats import t_interval
 
 CHECK_RESULTS = Path(__file__).resolve().parents[2] / "shared" / "tools" / "check_results.py"
@@ -110,7 +110,7 @@ def test_run_families_resumes_and_writes_the_protocol_format(tmp_path, monkeypat
 
 
 def test_an_endpoint_undefined_in_a_family_is_reported_without_an_interval(tmp_path, monkeypatch):
-    from kinfolk.lab.results_doc import endpoint_table
+    from kinfolk.lab.demo.results_page import endpoint_table
 
     monkeypatch.setattr(replication, "build_family", lambda config, **kwargs: _stub_family(config.seed))
     reached = {0: 0.1, 1: None, 2: 0.3, 3: float("nan"), 4: 0.2}  # families 1 and 3 never reach the level
@@ -151,7 +151,7 @@ def test_committed_results_follow_the_protocol():
 
 
 def test_one_micro_family_runs_every_cell_and_control(tmp_path):
-    from kinfolk.lab.family import LabConfig, build_family
+    from kinfolk.lab.world.family import LabConfig, build_family
     from kinfolk.stats import effective_sample_size
     from tests.test_lab_family import MICRO
 
@@ -220,7 +220,7 @@ def test_lab_command_refuses_bad_input_in_one_line(argv, message, capsys, tmp_pa
 
 
 def test_results_page_agrees_with_its_data(tmp_path):
-    from kinfolk.lab.results_doc import update_results_page
+    from kinfolk.lab.demo.results_page import update_results_page
 
     root = Path(__file__).resolve().parents[1] / "docs"
     if not list((root / "results").glob("*.json")):
@@ -228,5 +228,5 @@ def test_results_page_agrees_with_its_data(tmp_path):
     page = tmp_path / "results.md"
     page.write_text((root / "results.md").read_text())
     assert update_results_page(page, root / "results") == (root / "results.md").read_text(), (
-        "docs/results.md's generated tables are stale: run python -m kinfolk.lab.results_doc"
+        "docs/results.md's generated tables are stale: run python -m kinfolk.lab.demo.results_page"
     )

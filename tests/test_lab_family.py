@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from kinfolk.lab import family as lab_family
-from kinfolk.lab.family import MODELS, Family, LabConfig, build_family, load_family
-from kinfolk.lab.skills import SKILLS
+from kinfolk.lab.world import family as lab_family
+from kinfolk.lab.world.family import MODELS, Family, LabConfig, build_family, load_family
+from kinfolk.lab.world.skills import SKILLS
 
 # A few steps of everything: the build's plumbing, not its skills.
 MICRO = {

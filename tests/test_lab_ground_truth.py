@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from kinfolk.lab import corpus
-from kinfolk.lab.skills import (
+from kinfolk.lab.world import corpus
+from kinfolk.lab.world.skills import (
     ALL_SKILLS,
     GRADED,
     GRADED_LENGTHS,
@@ -20,8 +20,8 @@ from kinfolk.lab.skills import (
     response_kind,
     split_of,
 )
-from kinfolk.lab.tasks import write_task_data
-from kinfolk.lab.tokenizer import build_lab_tokenizer
+from kinfolk.lab.world.tasks import write_task_data
+from kinfolk.lab.world.tokenizer import build_lab_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_tokenizer_is_one_token_per_character():
 
 
 def test_shipped_lm_eval_data_equals_the_generator(tmp_path):
-    from kinfolk.lab.tasks import task_data_dir
+    from kinfolk.lab.world.tasks import task_data_dir
 
     for written in write_task_data(tmp_path):
         shipped = task_data_dir() / written.name

@@ -201,7 +201,7 @@ def test_an_undefined_unit_gives_no_interval_and_no_test():
 
 
 def test_adapt_concordance_null_is_one_half_without_the_pinned_variant():
-    from kinfolk.lab.adapt.selection import depth_concordance, no_trend_concordance
+    from kinfolk.lab.methods.selection import depth_concordance, no_trend_concordance
 
     for depths in ([5, 6, 7, 8, 8], [5, 5, 5, 6, 7]):
         assert no_trend_concordance(depths, [0.4, 0.4, 0.1, 0.9, 0.3]) == 0.5
@@ -259,7 +259,7 @@ def _demo_results() -> dict:
 
 
 def test_demo_headline_claims_only_what_survives_holm_and_fits_100_columns():
-    from kinfolk.lab.report import HEADLINE_WIDTH, headline_table
+    from kinfolk.lab.demo.report import HEADLINE_WIDTH, headline_table
 
     text = headline_table(_demo_results(), ROOT / "docs" / "results")
     assert max(len(line) for line in text.splitlines()) <= HEADLINE_WIDTH

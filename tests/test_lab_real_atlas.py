@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.lab.experiments.real_atlas import corpus, selection
+from kinfolk.lab.experiments.real_atlas.experiment import RealAtlas
+from kinfolk.lab.experiments.real_atlas.figure import plot_curves
+from kinfolk.lab.experiments.real_atlas.settings import RealAtlasSettings
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
-from kinfolk.lab.real_atlas import corpus, selection
-from kinfolk.lab.real_atlas.experiment import RealAtlas
-from kinfolk.lab.real_atlas.figure import plot_curves
-from kinfolk.lab.real_atlas.settings import RealAtlasSettings
 
 
 def roman(number: int) -> str:
@@ -186,7 +186,7 @@ COMMITTED = ROOT / "docs" / "results"
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.real_atlas.runs import kept_record
+    from kinfolk.lab.experiments.real_atlas.runs import kept_record
 
     monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
     experiment = RealAtlas()

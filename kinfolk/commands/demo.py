@@ -1,5 +1,5 @@
 """`kinfolk demo [--quick] [--out DIR]`: ATLANTIS, ATLAS and ADAPT on the lab family, measured against its ground
-truth (`kinfolk.lab.demo`); writes report.md, results.json and plots, and prints the headline.
+truth (`kinfolk.lab.demo.pipeline`); writes report.md, results.json and plots, and prints the headline.
 
 A family that missed a build threshold stops the demo with one line naming the model, skill and score (exit 1),
 unless `--allow-failed-family` is given; the report then says so in its first line.
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from kinfolk.atomic import check_destination
     from kinfolk.console import LOG_FILE, quiet
     from kinfolk.interrupt import keep, with_flag
-    from kinfolk.lab.demo import DemoConfig, run_demo
-    from kinfolk.lab.family import FamilyBelowThreshold
+    from kinfolk.lab.demo.pipeline import DemoConfig, run_demo
+    from kinfolk.lab.world.family import FamilyBelowThreshold
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.atlantis_experiment`, `atlas`: `kinfolk.lab.atlas`, `adapt`:
-`kinfolk.lab.adapt`, each with its settings dataclass's options).
+families (`atlantis`: `kinfolk.lab.methods.atlantis`, `atlas`: `kinfolk.lab.methods.atlas`, `adapt`:
+`kinfolk.lab.methods.adapt`, each with its settings dataclass's options).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
 """
@@ -26,7 +26,7 @@ class BuildArguments:
     record_digests: bool = field(
         default=False,
         metadata={
-            "help": "Maintainers, in a checkout: document this build's weight digests (kinfolk/lab/digests.json)."
+            "help": "Maintainers, in a checkout: document this build's weight digests (kinfolk/lab/world/digests.json)."
         },
     )
     verbose: bool = field(
@@ -61,8 +61,8 @@ def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
     from kinfolk.console import log_beside, quiet
     from kinfolk.interrupt import keep
-    from kinfolk.lab.digests import check_family, record_family
-    from kinfolk.lab.family import LabConfig, build_family, default_cache_dir
+    from kinfolk.lab.world.digests import check_family, record_family
+    from kinfolk.lab.world.family import LabConfig, build_family, default_cache_dir
 
     config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
     start = time.perf_counter()
@@ -81,9 +81,9 @@ def build(argv: list[str]) -> int:
 
 # experiment -> (module, its settings dataclass, its runner): the experiments on the families runner
 EXPERIMENTS = {
-    "atlantis": ("kinfolk.lab.atlantis_experiment", "AtlantisSettings", "run_atlantis"),
-    "atlas": ("kinfolk.lab.atlas", "AtlasSettings", "run_atlas"),
-    "adapt": ("kinfolk.lab.adapt", "AdaptSettings", "run_adapt"),
+    "atlantis": ("kinfolk.lab.methods.atlantis", "AtlantisSettings", "run_atlantis"),
+    "atlas": ("kinfolk.lab.methods.atlas", "AtlasSettings", "run_atlas"),
+    "adapt": ("kinfolk.lab.methods.adapt", "AdaptSettings", "run_adapt"),
 }
 
 
@@ -99,7 +99,7 @@ def experiment(argv: list[str]) -> int:
     from kinfolk.atomic import check_destination
     from kinfolk.console import LOG_FILE, quiet
     from kinfolk.interrupt import keep
-    from kinfolk.lab.results_doc import results_markdown
+    from kinfolk.lab.demo.results_page import results_markdown
 
     name = argv[0]
     module_name, settings_class, runner = EXPERIMENTS[name]

@@ -23,14 +23,14 @@ from kinfolk.lab.protocol.records import EndpointValue, RunRecord
 from kinfolk.lab.protocol.views import SelectionView, TestFieldAccess
 
 EXPERIMENTS: dict[str, str] = {
-    "atlantis": "kinfolk.lab.atlantis.reanalysis:AtlantisReanalysis",
-    "atlas": "kinfolk.lab.atlas.reanalysis:AtlasReanalysis",
-    "adapt": "kinfolk.lab.adapt.reanalysis:AdaptReanalysis",
-    "real-boomerang": "kinfolk.lab.boomerang.experiment:RealBoomerang",
-    "real-atlas": "kinfolk.lab.real_atlas.experiment:RealAtlas",
-    "atlantis-controls": "kinfolk.lab.atlantis.controls:AtlantisControls",
-    "atlas-controls": "kinfolk.lab.atlas.controls.experiment:AtlasControls",
-    "adapt-controls": "kinfolk.lab.adapt.controls.experiment:AdaptControls",
+    "atlantis": "kinfolk.lab.experiments.atlantis.experiment:AtlantisReanalysis",
+    "atlas": "kinfolk.lab.experiments.atlas.experiment:AtlasReanalysis",
+    "adapt": "kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis",
+    "real-boomerang": "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang",
+    "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
+    "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
+    "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",
+    "adapt-controls": "kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls",
 }
 
 

@@ -1,1 +1,0 @@
-"""The ATLANTIS experiment under the protocol: `reanalysis` (protocol 2 over the committed version-1 runs)."""

@@ -1,0 +1,236 @@
+"""The lab's results as markdown, generated from the results JSON (`docs/results/<experiment>.json`), never typed.
+
+`docs/results.md` holds the prose; each experiment's tables sit between `<!-- results:<name> -->` and
+`<!-- /results:<name> -->` and are rewritten from the JSON by `update_results_page` (`python -m
+kinfolk.lab.demo.results_page`), so the page and the data cannot disagree (a test checks it). So is each experiment's
+figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`).
+
+>>> results = {"experiment": "demo", "families": [0, 1], "endpoints": {"gain": {
+...     "primary": True, "baseline": "uniform", "per_family": [0.1, 0.3], "mean": 0.2, "ci95": None,
+...     "favours_method": 2, "higher_is_better": True, "description": "accuracy gain"}}}
+>>> print(endpoint_table(results))
+| endpoint | vs | mean | 95 % interval (t, families) | favours | per family |
+|---|---|---|---|---|---|
+| **gain** | uniform | +0.200 | values only (2 families) | 2 of 2 | +0.100, +0.300 |
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kinfolk.atomic import atomic_file
+from kinfolk.lab.demo.plots import save_figure
+
+RESULTS_DIR = Path("docs/results")
+RESULTS_PAGE = Path("docs/results.md")
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:+.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def endpoint_table(results: dict[str, Any], primary: bool | None = True) -> str:
+    """One row per endpoint (the primary ones in bold; `primary=None` lists all, `False` the exploratory ones)."""
+    rows = []
+    for name, entry in results["endpoints"].items():
+        if primary is not None and entry["primary"] != primary:
+            continue
+        n = sum(value is not None for value in entry["per_family"])
+        undefined = f"; undefined in {entry['undefined_families']}" if entry.get("undefined_families") else ""
+        interval = (
+            f"[{_signed(entry['ci95'][0])}, {_signed(entry['ci95'][1])}]"
+            if entry["ci95"]
+            else f"values only ({n} famil{'y' if n == 1 else 'ies'}{undefined})"
+        )
+        favours = f"{entry['favours_method']} of {n}" if entry.get("baseline") else ""
+        rows.append(
+            [
+                f"**{name}**" if entry["primary"] else name,
+                entry.get("baseline") or "",
+                _signed(entry["mean"]),
+                interval,
+                favours,
+                ", ".join(_signed(v) for v in entry["per_family"]),
+            ]
+        )
+    header = ["endpoint", "vs", "mean", "95 % interval (t, families)", "favours", "per family"]
+    return _table(header, rows)
+
+
+def _p(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def protocol_table(results: dict[str, Any], primary: bool) -> str:
+    """A protocol-2 results table: per endpoint its mean, t-interval over units, sign count, and for primaries the
+    t-test's p, Holm's p and whether it survives; the grid-edge flag; the per-unit values."""
+    rows = []
+    for name, entry in results["endpoints"].items():
+        if entry["primary"] != primary:
+            continue
+        values = entry["per_unit"]
+        n = sum(v is not None for v in values)
+        interval = (
+            f"[{_signed(entry['ci95'][0])}, {_signed(entry['ci95'][1])}]"
+            if entry["ci95"]
+            else f"values only ({n} of {len(values)} units defined)"
+        )
+        row = [f"**{name}**" if primary else name, entry.get("baseline") or "", _signed(entry["mean"]), interval]
+        row.append(f"{entry['favours_method']} of {n}" if entry.get("baseline") else "")
+        if primary:
+            survives = "**yes**" if entry["survives_holm"] else "no"
+            row += [_p(entry["p"]), _p(entry["p_holm"]), survives]
+        row += ["yes" if entry.get("grid_edge") else "", ", ".join(_signed(v) for v in values)]
+        rows.append(row)
+    header = ["endpoint", "vs", "mean", "95 % interval (t, units)", "favours"]
+    header += ["p", "p (Holm)", "survives Holm"] if primary else []
+    return _table([*header, "grid edge", "per unit"], rows)
+
+
+def protocol_markdown(results: dict[str, Any]) -> str:
+    """A protocol-2 experiment's summary: provenance, notes, primaries (with Holm) and the exploratory endpoints."""
+    units, runs = results["units"], results["runs_per_unit"]
+    kind = "re-analysis of the runs committed at " + results["runs_commit"][:10] if results.get("reanalysis") else ""
+    primaries = [e for e in results["endpoints"].values() if e["primary"]]
+    surviving = sum(bool(e["survives_holm"]) for e in primaries)
+    lines = [
+        f"Experiment `{results['experiment']}` version {results['version']}"
+        + (f" ({kind})" if kind else "")
+        + f": {len(units)} {results['unit_kind']} units (seeds {', '.join(map(str, units))}), {runs} run"
+        + ("s" if runs != 1 else "")
+        + f" per unit; plan `{results['experiment']}.plan.json` (SHA-256 {results['plan_sha256'][:12]}…).",
+        "",
+        *[f"- {note}" for note in results.get("notes", [])],
+        "",
+        *_sections(
+            f"Primary endpoints ({len(primaries)}; {surviving} survive Holm's correction at 0.05; per-unit values "
+            'are paired differences unless the endpoint says otherwise; "favours" counts units on the method\'s '
+            "side of the null):",
+            protocol_table(results, primary=True),
+            "Exploratory (no test, no claim):",
+            protocol_table(results, primary=False),
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _sections(*titled: str) -> list[str]:
+    """Title, table, title, table, ... as the page's lines (a blank line after each)."""
+    return [line for part in titled for line in (part, "")][:-1]
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """The experiment's summary: families, threshold pass rate, primary and exploratory endpoints (a protocol-2
+    result, one with a plan, gets `protocol_markdown`)."""
+    if results.get("plan_sha256"):
+        return protocol_markdown(results)
+    families = results["families"]
+    lines = []
+    if results.get("families_below_threshold"):
+        lines.append(
+            f"WARNING: families {results['families_below_threshold']} missed their build thresholds and were used "
+            "anyway (--allow-failed-family)."
+        )
+    lines += [
+        f"Experiment `{results['experiment']}`: {len(families)} famil{'y' if len(families) == 1 else 'ies'} "
+        f"(seeds {', '.join(map(str, families))}); family build thresholds passed by "
+        f"{round((results.get('threshold_pass_rate') or 0) * len(families))} of {len(families)}; "
+        f"{_run_time(results)}.",
+        "",
+        *_margins_line(results),
+        *_sections(
+            "Primary endpoints (declared before the runs; per-family values are paired differences):",
+            endpoint_table(results, primary=True),
+            "Exploratory:",
+            endpoint_table(results, primary=False),
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _run_time(results: dict[str, Any]) -> str:
+    # Families of one experiment may run in separate processes and resume, so the last invocation's wall time can
+    # be a summary's seconds; the per-family times are what the runs cost.
+    per_family = list((results.get("seconds_per_family") or {}).values())
+    if not per_family:
+        return f"{results['seconds'] / 60:.0f} min"
+    return f"{sum(per_family) / 60:.0f} min of family runs in all (the longest family {max(per_family) / 60:.0f} min)"
+
+
+def _margins_line(results: dict[str, Any]) -> list[str]:
+    margins = results.get("threshold_margins") or {}
+    if not margins:
+        return []
+    smallest = min(margins.items(), key=lambda item: min(item[1]))
+    return [
+        f"Smallest margin over a build threshold: {min(smallest[1]):+.2f} ({smallest[0]}); every check's margin per "
+        "family is in the JSON (`threshold_margins`).",
+        "",
+    ]
+
+
+def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_DIR) -> str:
+    """Rewrite every generated block of `page` from `results_dir/<name>.json`; returns the new text."""
+    text = page.read_text()
+
+    def generated(match: re.Match) -> str:
+        name = match.group(1)
+        results = json.loads((results_dir / f"{name}.json").read_text())
+        return f"<!-- results:{name} -->\n{results_markdown(results)}\n<!-- /results:{name} -->"
+
+    updated = re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", generated, text, flags=re.DOTALL)
+    if updated != text:
+        with atomic_file(page) as handle:
+            handle.write(updated)
+    return updated
+
+
+def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
+    """One row per primary endpoint: each unit's value (dots), the mean and its 95 % t-interval (bar), the null
+    (dashed); the endpoints that survive Holm are marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    primaries = [(n, e) for n, e in results["endpoints"].items() if e["primary"]]
+    figure, axes = plt.subplots(len(primaries), 1, figsize=(7.5, 1.1 * len(primaries) + 0.6), squeeze=False)
+    for axis, (name, entry) in zip(axes[:, 0], primaries):
+        values = [v for v in entry["per_unit"] if v is not None]
+        axis.scatter(values, [0] * len(values), s=14, color="0.4", zorder=3)
+        if entry["ci95"]:
+            axis.errorbar([entry["mean"]], [0], xerr=[[entry["mean"] - entry["ci95"][0]], [entry["ci95"][1] -
+                          entry["mean"]]], fmt="o", color="C3" if entry["survives_holm"] else "C0", capsize=4)  # fmt: skip
+        axis.axvline(entry.get("null", 0.0), color="0.5", linestyle="--", linewidth=0.8)
+        mark = " (survives Holm)" if entry["survives_holm"] else " (not significant after correction)"
+        axis.set_title(name + mark, fontsize=8, loc="left")
+        axis.set_yticks([])
+        axis.tick_params(labelsize=7)
+    return save_figure(figure, path)
+
+
+def update_figures(results_dir: Path = RESULTS_DIR) -> list[Path]:
+    """Redraw every protocol-2 result's primaries figure from its JSON."""
+    written = []
+    for path in sorted(results_dir.glob("*.json")):
+        if path.name.endswith(".plan.json"):
+            continue
+        results = json.loads(path.read_text())
+        if results.get("plan_sha256"):
+            written.append(plot_primaries(results, results_dir / f"{results['experiment']}-primaries.png"))
+    return written
+
+
+if __name__ == "__main__":
+    update_results_page()
+    update_figures()

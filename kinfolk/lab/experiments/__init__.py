@@ -1,0 +1,1 @@
+"""One package per registered experiment (`kinfolk.lab.protocol.EXPERIMENTS`), named after it with `_` for `-`."""

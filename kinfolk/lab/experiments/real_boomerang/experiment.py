@@ -1,0 +1,149 @@
+"""The real-boomerang experiment under `docs/protocol.md`: units are seeds, one run each.
+
+Per seed, a two-phase distilled student of the teacher and, shared by every seed, the same student undistilled
+(layer dropping alone); every size k = 0..M of each, patched in both orders, measured on held-out rows of three
+sources (`runs`). A size's value is its log perplexity (or KL to the teacher) averaged over the sources with equal
+weight; a curve's statistic is averaged over the two patch orders. Nothing is chosen after the runs: the budget,
+the layer selection, the orders and the middle size are fixed in the plan, so the selection stage returns nothing.
+
+Primaries (the trivial explanation each tests):
+- the distilled arm's concordance of log perplexity with depth, and of KL to the teacher with depth (null 0.5,
+  sizes of equal depth and the teacher itself left out): do deeper sizes sit closer to the teacher at all?
+- undistilled minus distilled log perplexity at the middle size (k = M // 2): is interpolation just "more teacher
+  blocks", which layer dropping alone would give as well?
+- undistilled minus distilled largest step between consecutive sizes: does distillation remove the cliffs?
+
+>>> experiment = RealBoomerang()
+>>> [e.name for e in experiment.primaries()]  # doctest: +NORMALIZE_WHITESPACE
+['distilled: log-ppl concordance with depth', 'distilled: KL concordance with depth',
+ 'middle size: log-ppl, undistilled - distilled', 'largest step: log-ppl, undistilled - distilled']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
+from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS
+from kinfolk.lab.methods.adapt.settings import largest_drop
+from kinfolk.lab.methods.selection import depth_concordance
+from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.plan import PrimaryEndpoint
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.views import SelectionView
+
+CONCORDANCE_NULL = 0.5
+
+
+def size_value(point: Mapping[str, Any], measure: str) -> float:
+    """A size's `measure` (nll, kl or agreement) averaged over the sources, each with equal weight."""
+    values = [source[measure] for source in point["sources"].values()]
+    return sum(values) / len(values)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def concordance(curves: Mapping[str, list], measure: str) -> float:
+    """Depth concordance of `measure` (lower is closer; agreement is negated), mean over orders. The teacher itself
+    (k = M: KL 0 by construction) is left out, and so are pairs of equal depth, so with no trend it is 0.5."""
+    sign = -1.0 if measure == "agreement" else 1.0
+    per_order = []
+    for order in ORDERS:
+        points = curves[order][:-1]  # k = M is the teacher itself
+        depths, values = [p["depth"] for p in points], [sign * size_value(p, measure) for p in points]
+        per_order.append(depth_concordance(depths, values, higher_is_better=False))
+    return _mean(per_order)
+
+
+def middle(curves: Mapping[str, list], measure: str) -> float:
+    return _mean([size_value(curves[o][(len(curves[o]) - 1) // 2], measure) for o in ORDERS])
+
+
+def step(curves: Mapping[str, list], measure: str) -> float:
+    """The largest fall of `measure` from one size to the next larger one (k - 1 to k), mean over orders."""
+    return _mean([largest_drop([size_value(p, measure) for p in curves[o]]) for o in ORDERS])
+
+
+class RealBoomerang(Experiment):
+    name = "real-boomerang"
+    version = "1"
+    unit_kind = "seed"
+    settings_class = BoomerangSettings
+
+    def primaries(self) -> list[PrimaryEndpoint]:
+        return [
+            PrimaryEndpoint("distilled: log-ppl concordance with depth",
+                            "share of size pairs of different depth where the deeper one has the lower log perplexity "
+                            "(mean over sources), teacher left out, mean of both orders", "no trend", "higher",
+                            CONCORDANCE_NULL),
+            PrimaryEndpoint("distilled: KL concordance with depth",
+                            "the same for KL(teacher || size) per token", "no trend", "higher", CONCORDANCE_NULL),
+            PrimaryEndpoint("middle size: log-ppl, undistilled - distilled",
+                            "log perplexity at k = M // 2, undistilled minus distilled, mean of both orders",
+                            "undistilled", "higher"),
+            PrimaryEndpoint("largest step: log-ppl, undistilled - distilled",
+                            "largest rise of log perplexity from a size to the next smaller one, undistilled minus "
+                            "distilled, mean of both orders", "undistilled", "higher"),
+        ]  # fmt: skip
+
+    def exploratory(self) -> list[ExploratoryEndpoint]:
+        return [
+            ExploratoryEndpoint("undistilled: log-ppl concordance with depth", "as the primary, undistilled arm",
+                                "no trend", null=CONCORDANCE_NULL),
+            ExploratoryEndpoint("undistilled: KL concordance with depth", "as the primary, undistilled arm",
+                                "no trend", null=CONCORDANCE_NULL),
+            ExploratoryEndpoint("distilled: agreement concordance with depth",
+                                "the same for top-1 agreement with the teacher's tokens (higher is closer)",
+                                "no trend", null=CONCORDANCE_NULL),
+            ExploratoryEndpoint("student (k = 0): log-ppl, undistilled - distilled",
+                                "log perplexity of the unpatched student", "undistilled"),
+            ExploratoryEndpoint("middle size: KL, undistilled - distilled", "KL to the teacher at k = M // 2",
+                                "undistilled"),
+        ]  # fmt: skip
+
+    def units(self) -> list[int]:
+        return list(self.settings.seeds)
+
+    def selection_rules(self) -> dict[str, str]:
+        return {
+            "none": "nothing is chosen after the runs: budget, layers, both patch orders (averaged) and the middle "
+            "size k = M // 2 are fixed here"
+        }
+
+    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
+        from kinfolk.lab.experiments.real_boomerang.runs import SeedRuns, kept_record
+
+        return kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
+
+    def select(self, view: SelectionView) -> dict[str, Any]:
+        return {}
+
+    def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
+        distilled, undistilled = record["test"]["distilled"], record["test"]["undistilled"]
+
+        def difference(statistic, measure: str) -> EndpointValue:
+            ours, theirs = statistic(distilled, measure), statistic(undistilled, measure)
+            return EndpointValue(theirs - ours, method=ours, baseline=theirs)
+
+        def student(curves) -> float:
+            return _mean([size_value(curves[o][0], "nll") for o in ORDERS])
+
+        return {
+            "distilled: log-ppl concordance with depth": EndpointValue(concordance(distilled, "nll")),
+            "distilled: KL concordance with depth": EndpointValue(concordance(distilled, "kl")),
+            "middle size: log-ppl, undistilled - distilled": difference(middle, "nll"),
+            "largest step: log-ppl, undistilled - distilled": difference(step, "nll"),
+            "undistilled: log-ppl concordance with depth": EndpointValue(concordance(undistilled, "nll")),
+            "undistilled: KL concordance with depth": EndpointValue(concordance(undistilled, "kl")),
+            "distilled: agreement concordance with depth": EndpointValue(concordance(distilled, "agreement")),
+            "student (k = 0): log-ppl, undistilled - distilled": EndpointValue(
+                student(undistilled) - student(distilled), method=student(distilled), baseline=student(undistilled)
+            ),
+            "middle size: KL, undistilled - distilled": difference(middle, "kl"),
+        }
+
+    def provenance(self) -> dict[str, Any]:
+        return {"records": self.settings.records}
