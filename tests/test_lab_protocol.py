@@ -314,11 +314,14 @@ def test_the_lab_docstring_names_only_modules_that_exist():
 
     import kinfolk.lab
 
-    named = set(re.findall(r"`([a-z_]+)`", kinfolk.lab.__doc__)) - {"build_family"}
+    named = set(re.findall(r"`([a-z_]+)/?`", kinfolk.lab.__doc__)) - {"build_family"}
     lab = ROOT / "kinfolk" / "lab"
-    assert {n for n in named if not ((lab / f"{n}.py").exists() or (lab / n / "__init__.py").exists())} == set()
-    modules = {p.stem for p in lab.glob("*.py")} | {p.parent.name for p in lab.glob("*/__init__.py")}
-    assert modules - {"__init__"} <= named  # and every module is named
+    existing = {p.stem for p in lab.rglob("*.py")} | {p.parent.name for p in lab.rglob("*/__init__.py")}
+    assert named - existing == set()
+    folders = {p.parent.name for p in lab.glob("*/__init__.py")}
+    shared = {p.stem for folder in ("world", "methods", "demo") for p in (lab / folder).glob("*.py")}
+    shared |= {p.parent.name for p in (lab / "methods").glob("*/__init__.py")}
+    assert (folders | shared) - {"__init__"} <= named  # every folder, and every module experiments share, is named
 
 
 def test_protocol_command_plans_refuses_to_replace_a_plan_and_names_unknown_experiments(tmp_path, capsys):

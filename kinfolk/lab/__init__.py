@@ -10,9 +10,10 @@ Four folders, each one kind of thing:
 - `protocol/`: the rules of `docs/protocol.md` as code: plans, selection views, typed records, the `Experiment`
   contract, the runner, its statistics and the results checker; `protocol.EXPERIMENTS` is the registry.
 - `methods/`: what experiments share: ATLANTIS pools and scoring (`atlantis`), ATLAS runs and measurement
-  (`atlas`), ADAPT families (`adapt`), the real checkpoints' text (`real_corpus`) and one `selection` module.
-- `experiments/<name>/`: one folder per registered experiment (`settings`, `runs`, `experiment`, and
-  `__main__`/`figure` where it has them).
+  (`atlas`), ADAPT families (`adapt`), the real checkpoints' text (`real_corpus`), one `selection` module and version 1's families runner
+  (`replication`).
+- `experiments/`: one folder per registered experiment, `experiments/<name>/` (`settings`, `runs`, `experiment`,
+  and `__main__`/`figure` where it has them).
 - `demo/`: `kinfolk demo` (`pipeline`), its `report`, the results page (`results_page`) and `plots`.
 
 Nothing heavy is imported here. The command line is `kinfolk.commands.lab`.
