@@ -29,8 +29,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import kinfolk  # noqa: F401  (registers ATLAS)
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
-from kinfolk.plugins.atlas.comparators import matching_lora_config
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, inertia
+from kinfolk.plugins.atlas_comparators import matching_lora_config
 
 SHAPES = {
     # ~54M parameters: 12 layers × 512 wide, Qwen3 block structure (q/k norms, GQA, head_dim 64).

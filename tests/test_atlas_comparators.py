@@ -11,7 +11,7 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from kinfolk.plugins.atlas import AtlasConfig
-from kinfolk.plugins.atlas.comparators import corda_kpm_model, matching_lora_config
+from kinfolk.plugins.atlas_comparators import corda_kpm_model, matching_lora_config
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "atlas_comparators.py"

@@ -22,7 +22,7 @@ from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.commands import main
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
-from kinfolk.plugins.atlas.comparators import matching_lora_config
+from kinfolk.plugins.atlas_comparators import matching_lora_config
 from kinfolk.testing.resources import measure
 from tools.real_models import humaneval_data_path, shakespeare_sonnets
 

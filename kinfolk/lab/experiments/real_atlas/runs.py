@@ -175,7 +175,7 @@ class SeedRuns:
         from transformers import set_seed
 
         from kinfolk.lab.methods.atlas.runs import _tuner_layer
-        from kinfolk.plugins.atlas.comparators import matching_lora_config, matching_osf_config
+        from kinfolk.plugins.atlas_comparators import matching_lora_config, matching_osf_config
 
         base = self.load()
         set_seed(state.seed)  # the adapter's random initialisation: the seed's, the same for every method

@@ -265,7 +265,7 @@ def build_adapter(context: Context, method: str, seed: int) -> torch.nn.Module:
     from peft import get_peft_model
     from transformers import set_seed
 
-    from kinfolk.plugins.atlas.comparators import corda_kpm_model, matching_lora_config, matching_osf_config
+    from kinfolk.plugins.atlas_comparators import corda_kpm_model, matching_lora_config, matching_osf_config
 
     base = context.family.load("large_base")
     atlas_config = context.atlas_config(RESIDUALS.get(method, "atlas"))

@@ -1,5 +1,6 @@
 """The baselines ATLAS is judged against, at the same placement and rank: LoRA, and CorDA-KPM (PEFT's
-knowledge-preserving CorDA initialisation from the retained data's input covariance).
+knowledge-preserving CorDA initialisation from the retained data's input covariance). It sits beside the tuner
+package, not in it: `plugins/atlas/` holds the tuner only, as PEFT's tuner packages do.
 
 Both are PEFT's own implementations; this module only configures them like a given `AtlasConfig` so that a
 comparison changes the method and nothing else (the paper's Table 5: every method updates the same attention
