@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment, kept_record
+from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment, record_key
 from kinfolk.lab.protocol.plan import write_plan
+from kinfolk.lab.protocol.records import kept_record
 from kinfolk.lab.protocol.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,9 @@ def check_committed_results(experiment: FamilyRunsExperiment, tmp_path: Path, mo
     monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
     s = experiment.settings
     version = experiment.record_version
-    missing = [(f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, f, r, version) is None]
+    missing = [
+        (f, r) for f in s.families for r in range(s.runs) if kept_record(s.records, record_key(f, r), version) is None
+    ]
     assert not missing, f"runs {missing} have no kept record: the analysis would train them"
     results = run_experiment(experiment, ROOT / f"docs/results/{experiment.name}.plan.json", tmp_path)
     expected = json.loads(results_file.read_text())

@@ -17,7 +17,8 @@ from kinfolk.lab.experiments.atlantis_controls.experiment import (
     AtlantisControls,
     comparison_name,
 )
-from kinfolk.lab.experiments.atlantis_controls.runs import FamilyRuns, grid_key
+from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns as FamilyRuns
+from kinfolk.lab.experiments.atlantis_controls.runs import grid_key
 from kinfolk.lab.experiments.atlantis_controls.settings import ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
 from tests.family_runs_helpers import check_committed_results, run_micro

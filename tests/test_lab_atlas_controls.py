@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kinfolk.lab.experiments.atlas_controls.experiment import AtlasControls
-from kinfolk.lab.experiments.atlas_controls.runs import FamilyRuns
+from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns as FamilyRuns
 from kinfolk.lab.experiments.atlas_controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
 from kinfolk.lab.experiments.atlas_controls.sources import source_rows
 from kinfolk.lab.methods.atlas.runs import run_name

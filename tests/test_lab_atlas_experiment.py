@@ -217,7 +217,7 @@ def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
     responses = generate_responses(model, context.tokenizer, problems["prompt"])
     assert last["test"]["target"] == atlas_runs.accuracy(problems, responses)
     # the update on retained tokens: scale · B A h, h the o_proj input (the adapter sits after it, so it is frozen's)
-    layer = atlas_runs._tuner_layer(model)
+    layer = atlas_runs.tuner_layer(model)
     A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     inputs = []
     with atlas_runs._module_io(frozen.get_submodule(f"model.layers.{context.layer}.self_attn.o_proj")) as seen:

@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kinfolk.lab.experiments.real_atlas import corpus, selection
+from kinfolk.lab.experiments.real_atlas import corpus
 from kinfolk.lab.experiments.real_atlas.experiment import RealAtlas
 from kinfolk.lab.experiments.real_atlas.figure import plot_curves
 from kinfolk.lab.experiments.real_atlas.settings import RealAtlasSettings
+from kinfolk.lab.methods import selection
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
 
@@ -186,11 +187,16 @@ COMMITTED = ROOT / "docs" / "results"
 
 
 def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.experiments.real_atlas.runs import kept_record
+    from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, record_key
+    from kinfolk.lab.protocol.records import kept_record
 
     monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
     experiment = RealAtlas()
-    missing = [seed for seed in experiment.units() if kept_record(experiment.settings, seed) is None]
+    missing = [
+        seed
+        for seed in experiment.units()
+        if kept_record(experiment.settings.records, record_key(seed), RECORD_VERSION) is None
+    ]
     assert not missing, f"seeds {missing} have no kept record: the analysis would train them"
     results = run_experiment(experiment, COMMITTED / "real-atlas.plan.json", tmp_path)
     expected = json.loads((COMMITTED / "real-atlas.json").read_text())

@@ -106,3 +106,117 @@ def test_the_rule_catches_upward_imports():
     assert not allowed("kinfolk.callbacks.churn", "kinfolk.lab.demo.report")  # component -> app
     assert allowed("kinfolk.commands.sft", "kinfolk.plugins.atlas.arguments")  # apps compose components
     assert allowed("kinfolk.plugins.adapt.plan", "kinfolk.plugins.adapt.checkpoint")  # inside one component
+
+
+# ------------------------------------------------------------------------------------------ import circles
+MODULES = {module_name(path): path for path in installed_modules()}
+
+
+def is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def imported_modules(importer: str) -> set[str]:
+    """The kinfolk modules `importer` runs when its imports run (those inside functions too): each imported module
+    (`from X import Y` imports X.Y when Y is a submodule) and the packages above it that do not hold `importer`
+    (importing X.Y runs X's `__init__` first, unless X is already being imported as the importer's parent)."""
+    names = set()
+    for node in ast.walk(ast.parse(MODULES[importer].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES}
+            names |= submodules
+            if len(submodules) < len(node.names):  # a name X itself defines (or re-exports): X's own code runs
+                names.add(node.module)
+    found = set()
+    for name in names:
+        if not within(name, ("kinfolk",)) or name == "kinfolk":
+            continue  # the root sets `__version__` before anything and imports the tuner only from PEFT's import hook
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1):
+            above = ".".join(parts[:end])
+            if above in MODULES and (above == name or not within(importer, (above,))):
+                found.add(above)
+    return found
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, and modules importing themselves (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+
+    def visit(node: str) -> None:  # iterative enough for a tree of a few hundred modules
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle():
+    graph = {name: imported_modules(name) for name in MODULES}
+    circles = import_circles(graph)
+    assert not circles, "import circles (imports inside functions count): " + "; ".join(
+        " <-> ".join(circle) for circle in circles
+    )
+
+
+def test_the_circle_finder_finds_circles_and_self_imports():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"a"}, "b": set()}) == [["a"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_an_outside_import_runs_the_package_init_and_a_submodule_counts():
+    assert "kinfolk.lab.protocol" in imported_modules("kinfolk.lab.methods.selection")  # runs protocol/__init__
+    assert "kinfolk.lab.protocol" not in imported_modules("kinfolk.lab.protocol.runner")  # its own package
+    assert "kinfolk.lab.protocol.views" in imported_modules("kinfolk.lab.protocol.runner")
+
+
+# ------------------------------------------------------------------------------------------ experiments apart
+EXPERIMENTS = "kinfolk.lab.experiments"
+
+
+def experiment_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[3] if within(name, (EXPERIMENTS,)) and len(parts) > 3 else None
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_experiment_imports_another_or_a_private_name_of_another_module(name):
+    mine = experiment_of(name)
+    wrong = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and within(node.module, ("kinfolk",)):
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
+            wrong += [f"line {node.lineno}: {node.module}.{name}" for name in private]
+            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        wrong += [f"line {node.lineno}: {t}" for t in targets if mine and experiment_of(t) not in (None, mine)]
+    assert not wrong, f"{name} imports another experiment or another module's private name: {wrong}"

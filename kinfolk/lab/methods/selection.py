@@ -1,8 +1,42 @@
-"""ADAPT's selection rules and curve statistics, shared by every plan version (`reanalysis`, `controls`).
+"""Every rule by which the lab's experiments choose on validation (or calibration), written once.
 
-A curve is `{order: [size, ...]}` with each size's depth (`layers`), `validation` accuracy and `test` numbers
-(`accuracy`, `kl`); a routing record holds the calibration split's accuracy and cost per level and size, the routed
-candidates' assignments and every fixed size's and candidate's test accuracy and cost (`routing_record`).
+**Lowest drift at a gain level** (ATLAS: `atlas`, `atlas-controls`, `real-atlas` and its pilot, version 1's fronts).
+A checkpoint carries its `step` (0: the untrained adapter), a score (`gain`, or the `target` accuracy) and its
+retained `kl`, one value or one per retained source.
+
+- a level (`gain_level`, `levels`) is frozen + fraction x (best - frozen), `best` the baseline's best score over its
+  trained checkpoints (`best_score`), rounded to 10 decimals;
+- a checkpoint reaches a level when its score is at least the level less `LEVEL_TOLERANCE` (1e-9), so a score equal
+  to the level in exact arithmetic reaches it whatever the float error of frozen + fraction x (best - frozen);
+- at a level, the chosen checkpoint is, among those reaching it, the one with the lowest drift (`lowest_at_level`);
+  ties go to the one listed first: each experiment lists its runs in the order its plan names (`atlas` and the
+  pilot: by run name; `atlas-controls`: by grid) and each run's checkpoints by step. None when none reaches;
+- drift over several retained sources is the geometric mean of their KLs, each floored at 1e-12 (`drift`).
+
+Checked on every committed record when this rule replaced four copies (each with its own tie-break, one with a
+tolerance): no two reaching checkpoints ever tie on drift, so the tie-break decides no committed choice; the
+tolerance decides one: `atlas` family 3, reverse, norm-matched at 0.5 of LoRA's gain, where the float level
+0.8200000000000001 would shut out the checkpoint scoring 0.82 (version 2 had a tolerance of 1e-12 for it); the
+rounding decides none, but `atlas-controls`' committed selections record two levels as 0.8200000000000001 (family 0,
+reverse, high) that this rule records as 0.82. Version 1's fronts (`kinfolk.lab.methods.atlas.fronts.front`) keep
+their strict comparison: their committed plot grid left out, in the very same case, a checkpoint this rule lets in.
+
+>>> lora = [{"step": 0, "gain": 0.0, "kl": {"a": 1e-9}}, {"step": 12, "gain": 0.2, "kl": {"a": 0.01}},
+...         {"step": 24, "gain": 0.4, "kl": {"a": 0.03}}]
+>>> levels({"mid": 0.5, "high": 0.75}, lora)
+{'mid': 0.2, 'high': 0.3}
+>>> checkpoint_at(lora, 0.2), checkpoint_at(lora, 0.5)
+(12, None)
+>>> gain_level(0.5, best=1.0, frozen=0.64)  # 0.8200000000000001 before rounding
+0.82
+
+Every method's run (LoRA's too) is chosen in real-atlas's pilot by the same rule, `choose_run`: least drift at the
+pilot's level (`pilot_level`), the same fraction of the best gain any LoRA run reaches.
+
+**ADAPT** (every plan version: `adapt`, `adapt-controls`). A curve is `{order: [size, ...]}` with each size's depth
+(`layers`), `validation` accuracy and `test` numbers (`accuracy`, `kl`); a routing record holds the calibration
+split's accuracy and cost per level and size, the routed candidates' assignments and every fixed size's and
+candidate's test accuracy and cost (`routing_record`).
 
 - patch order (`chosen_orders`): per size k, the order with the higher validation accuracy; ties: back-to-front;
 - routing threshold (`chosen_threshold`): the candidate whose calibration accuracy minus that of the most accurate
@@ -30,13 +64,103 @@ and the null moves up: to 2/3 for version 1's statistic over 6 sizes ordered by 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from kinfolk.lab.methods.adapt.settings import ORDERS
 from kinfolk.lab.protocol.records import EndpointValue
+
+LEVEL_DIGITS = 10  # a level is rounded to this many decimals
+LEVEL_TOLERANCE = 1e-9  # a score this far below a level still reaches it (float error; above the rounding's 5e-11)
+KL_FLOOR = 1e-12  # a trained checkpoint's KL is positive; the floor only guards log(0)
+
+Checkpoint = Mapping[str, Any]  # {"step", a score ("gain" or "target"), "kl": {source: KL}} on one split
+Candidate = TypeVar("Candidate")
+
+
+def drift(point: Checkpoint, sources: Sequence[str] | None = None) -> float:
+    """The geometric mean over `sources` (None: all the point's) of its KL(frozen || current), each floored."""
+    values = list(point["kl"].values()) if sources is None else [point["kl"][source] for source in sources]
+    return math.exp(sum(math.log(max(value, KL_FLOOR)) for value in values) / len(values))
+
+
+def best_score(points: Iterable[Checkpoint], score: str = "gain") -> float:
+    """The best `score` over the trained checkpoints (step > 0)."""
+    return max(point[score] for point in points if point["step"] > 0)
+
+
+def gain_level(fraction: float, best: float, frozen: float = 0.0) -> float:
+    """frozen + fraction x (best - frozen), rounded to `LEVEL_DIGITS` decimals."""
+    return round(frozen + fraction * (best - frozen), LEVEL_DIGITS)
+
+
+def levels(
+    fractions: Mapping[str, float], baseline: Sequence[Checkpoint], score: str = "gain", frozen: float = 0.0
+) -> dict[str, float]:
+    """Each named level as a score: its fraction of the way from `frozen` to the baseline's best score."""
+    best = best_score(baseline, score)
+    return {name: gain_level(fraction, best, frozen) for name, fraction in fractions.items()}
+
+
+def lowest_at_level(
+    candidates: Iterable[Candidate],
+    level: float,
+    score: Callable[[Candidate], float],
+    drift: Callable[[Candidate], float],
+) -> Candidate | None:
+    """The rule: among the candidates whose score reaches `level` (at least it, less `LEVEL_TOLERANCE`), the one with
+    the lowest drift; ties: the first listed. None when none reaches.
+
+    >>> lowest_at_level([(0.5, 3.0), (0.8, 2.0), (0.9, 2.0)], 0.6, score=lambda c: c[0], drift=lambda c: c[1])
+    (0.8, 2.0)
+    """
+    reaching = [candidate for candidate in candidates if score(candidate) >= level - LEVEL_TOLERANCE]
+    return min(reaching, key=drift, default=None)  # `min` keeps the first of equal keys
+
+
+def lowest_drift(
+    points: Iterable[Checkpoint], level: float, score: str = "gain", sources: Sequence[str] | None = None
+) -> Checkpoint | None:
+    """`lowest_at_level` over the trained checkpoints (step > 0), drift over `sources`."""
+    trained = [point for point in points if point["step"] > 0]
+    return lowest_at_level(trained, level, lambda p: p[score], lambda p: drift(p, sources))
+
+
+def checkpoint_at(points: Sequence[Checkpoint], level: float) -> int | None:
+    """The step of one run's lowest-drift trained checkpoint whose gain reaches `level` (None when none does)."""
+    point = lowest_drift(points, level)
+    return None if point is None else point["step"]
+
+
+def checkpoints_at_levels(
+    points: Mapping[str, Sequence[Checkpoint]], fractions: Mapping[str, float], baseline: str
+) -> dict[str, Any]:
+    """One run per method (`points`: its checkpoints on validation): the levels (`fractions` of the `baseline`
+    method's best gain) and, per level and method, the step `checkpoint_at` chooses."""
+    at = levels(fractions, points[baseline])
+    chosen = {
+        level: {method: checkpoint_at(ps, value) for method, ps in points.items()} for level, value in at.items()
+    }
+    return {"levels": at, "checkpoints": chosen}
+
+
+def choose_run(runs: Mapping[str, Sequence[Checkpoint]], level: float) -> str:
+    """Among a method's runs (by name), the one holding the lowest-drift checkpoint at `level` (runs listed by
+    name); when none reaches the level, the one reaching the highest gain (ties: the first by name)."""
+    names = sorted(runs)
+    point = lowest_drift([{**p, "run": name} for name in names for p in runs[name]], level)
+    if point is None:
+        return max(names, key=lambda name: best_score(runs[name]))
+    return point["run"]
+
+
+def pilot_level(baseline_runs: Mapping[str, Sequence[Checkpoint]], fraction: float) -> float:
+    """The pilot's comparison level: `fraction` of the best validation gain any of the baseline's runs reaches."""
+    return gain_level(fraction, max(best_score(points) for points in baseline_runs.values()))
+
 
 # `chosen_threshold`'s rule as every plan states it (a plan's hash covers this text).
 ROUTING_THRESHOLD_RULE = (

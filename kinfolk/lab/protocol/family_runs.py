@@ -1,30 +1,27 @@
 """Experiments over families whose runs are made (or read back) by a family-runs maker and kept as records.
 
-A `FamilyRunsExperiment`'s settings name its `families`, `runs` per family and `records` folder; one run's raw
-record is `records/<family>/<run>.json`, written by the maker (`family_runs()`, whose `record(family, run)` returns
-None while another process holds part of the run) once whole, and read back (`kept_record`) when its
-`record_version` is the experiment's.
+A `FamilyRunsExperiment`'s settings (a `kinfolk.lab.protocol.settings.FamilySettings`) name its `families`, `runs`
+per family and `records` folder; one run's raw record is kept under the key `record_key(family, run)`
+(`records/<family>/<run>.json`, `kinfolk.lab.protocol.records.kept_record`), written by the maker
+(`family_runs()`, whose `record(family, run)` returns None while another process holds part of the run) once whole,
+and read back when its `record_version` is the experiment's.
 
->>> import tempfile
->>> kept_record(tempfile.mkdtemp(), family=0, run=1, version=1) is None
-True
+>>> record_key(0, 1)
+'0/1'
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from kinfolk.lab.protocol.experiment import Experiment
+from kinfolk.lab.protocol.records import kept_record
 
 
-def kept_record(records: str | Path, family: int, run: int, version: int) -> dict[str, Any] | None:
-    """The kept record of one family's run, or None when there is none of this record version."""
-    path = Path(records) / str(family) / f"{run}.json"
-    kept = json.loads(path.read_text()) if path.exists() else None
-    return kept if kept is not None and kept.get("record_version") == version else None
+def record_key(family: int, run: int) -> str:
+    """The key of one family's run among the kept records."""
+    return f"{family}/{run}"
 
 
 class FamilyRunsExperiment(Experiment):
@@ -44,7 +41,7 @@ class FamilyRunsExperiment(Experiment):
         return self.settings.runs
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = kept_record(self.settings.records, unit, run, self.record_version)
+        record = kept_record(self.settings.records, record_key(unit, run), self.record_version)
         record = record or self.family_runs().record(unit, run)
         if record is None:
             raise RuntimeError(f"family {unit} run {run}: another process holds part of it; analyse when it ends")

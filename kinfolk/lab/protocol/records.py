@@ -4,6 +4,11 @@ A `RunRecord` is written by the runner as soon as a run is analysed (one file pe
 experiment resumes at its next run. It names the plan it was made under; results are only summarised from records
 of the current plan.
 
+An experiment's raw records (what `load_run` makes: one per unit, or per unit and run) are kept at one path
+convention, `<records folder>/<key>.json`, the key the experiment's: `<family>/<run>` for family runs,
+`<seed>/record` for real-atlas (beside its contexts and adapters), `<seed>` for real-boomerang; `kept_record` reads
+one back when it is of the experiment's record version.
+
 >>> record = RunRecord("toy", unit=0, run=0, plan_sha256="ab", selection={"temperature": 1.0},
 ...                    values={"gain": EndpointValue(0.2, method=0.7, baseline=0.5)})
 >>> RunRecord.from_dict(record.to_dict()) == record
@@ -13,8 +18,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 RECORD_SCHEMA = 1
@@ -62,3 +69,20 @@ class RunRecord:
             raise RecordSchemaError(f"record schema {data.get('schema')!r}, expected {RECORD_SCHEMA}")
         values = {name: EndpointValue(**value) for name, value in data["values"].items()}
         return cls(**{**data, "values": values})
+
+
+def kept_path(records: str | Path, key: str) -> Path:
+    """Where the raw record of `key` is kept."""
+    return Path(records) / f"{key}.json"
+
+
+def kept_record(records: str | Path, key: str, version: int) -> dict[str, Any] | None:
+    """The raw record kept at `records/<key>.json`, or None when there is none of record version `version`.
+
+    >>> import tempfile
+    >>> kept_record(tempfile.mkdtemp(), "0/1", version=1) is None
+    True
+    """
+    path = kept_path(records, key)
+    kept = json.loads(path.read_text()) if path.exists() else None
+    return kept if kept is not None and kept.get("record_version") == version else None

@@ -2,7 +2,7 @@
 
 Three numbers per skill: `accuracy` (the correct answer in the preferred format: what p* asks for),
 `answer_accuracy` (the correct answer in any format) and `preferred_format` (share of responses in the preferred
-format, right or wrong).
+format, right or wrong). `StopWhenLearned` stops a training run once a skill's score reaches a level.
 
 A score is a function of the model's weights alone: decoding runs on one thread (the thread count changes float
 reductions, and a greedy answer can hang on a near tie) and refuses a model whose forward still carries a
@@ -15,7 +15,10 @@ mixed-precision wrapper from training (accelerate's autocast would score other n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from transformers import TrainerCallback
 
 from kinfolk.lab.world.corpus import eval_problems
 from kinfolk.lab.world.skills import ALL_SKILLS, SKILLS, Skill, answer_of, render
@@ -117,3 +120,40 @@ def skill_scores(
         responses = generate_responses(model, tokenizer, prompts)
         scores[name] = score_responses(ALL_SKILLS[name], prompts, responses, format_index)
     return scores
+
+
+class StopWhenLearned(TrainerCallback):
+    """Stop training once a skill is learned: every `every` steps, score `skill` on validation problems (greedy) and
+    stop when `metric` reaches `at_least`. `learned_at` keeps the step (None if it never did).
+
+    A lab skill is learned through a phase transition whose step varies from seed to seed; a fixed step budget makes
+    whether a family has the skill a matter of luck, this rule makes it part of the design (within `max_steps`)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        skill: str,
+        metric: str,
+        at_least: float,
+        every: int,
+        seed: int,
+        problems: int = 200,
+        report: Callable[[str], None] | None = None,
+    ):
+        self.tokenizer, self.skill, self.metric, self.at_least = tokenizer, skill, metric, at_least
+        self.every, self.seed, self.problems, self.report = every, seed, problems, report
+        self.learned_at: int | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every:
+            return control
+        scores = skill_scores(model, self.tokenizer, [self.skill], self.problems, self.seed, split="validation")
+        value = scores[self.skill][self.metric]
+        self.history.append((state.global_step, value))
+        if self.report:
+            self.report(f"step {state.global_step}: {self.skill} {self.metric} {value:.2f} (stop at {self.at_least})")
+        if value >= self.at_least:
+            self.learned_at = state.global_step
+            control.should_training_stop = True
+        return control

@@ -18,8 +18,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
+from kinfolk.lab.world.evaluate import StopWhenLearned
 from kinfolk.lab.world.tokenizer import MAX_LENGTH
-from kinfolk.lab.world.training import StopWhenLearned, lab_trainer, save_model
+from kinfolk.lab.world.training import lab_trainer, save_model
 from kinfolk.testing.models import tiny_config
 
 LINEAGE_FILE = "lineage.json"  # in each model directory: its model key and the steps it was trained for

@@ -16,12 +16,12 @@ whatever the machine's load, and a saved model gives the same scores in any proc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.lab.world.tokenizer import MAX_LENGTH
@@ -40,45 +40,6 @@ def single_threaded() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-class StopWhenLearned(TrainerCallback):
-    """Stop training once a skill is learned: every `every` steps, score `skill` on validation problems (greedy) and
-    stop when `metric` reaches `at_least`. `learned_at` keeps the step (None if it never did).
-
-    A lab skill is learned through a phase transition whose step varies from seed to seed; a fixed step budget makes
-    whether a family has the skill a matter of luck, this rule makes it part of the design (within `max_steps`)."""
-
-    def __init__(
-        self,
-        tokenizer,
-        skill: str,
-        metric: str,
-        at_least: float,
-        every: int,
-        seed: int,
-        problems: int = 200,
-        report: Callable[[str], None] | None = None,
-    ):
-        self.tokenizer, self.skill, self.metric, self.at_least = tokenizer, skill, metric, at_least
-        self.every, self.seed, self.problems, self.report = every, seed, problems, report
-        self.learned_at: int | None = None
-        self.history: list[tuple[int, float]] = []
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        from kinfolk.lab.world.evaluate import skill_scores
-
-        if state.global_step % self.every:
-            return control
-        scores = skill_scores(model, self.tokenizer, [self.skill], self.problems, self.seed, split="validation")
-        value = scores[self.skill][self.metric]
-        self.history.append((state.global_step, value))
-        if self.report:
-            self.report(f"step {state.global_step}: {self.skill} {self.metric} {value:.2f} (stop at {self.at_least})")
-        if value >= self.at_least:
-            self.learned_at = state.global_step
-            control.should_training_stop = True
-        return control
 
 
 def lab_trainer(

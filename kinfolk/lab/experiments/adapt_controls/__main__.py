@@ -12,7 +12,7 @@ import sys
 
 if __name__ == "__main__":
     from kinfolk.lab.experiments.adapt_controls.experiment import AdaptControls
-    from kinfolk.lab.experiments.adapt_controls.runs import FamilyRuns
+    from kinfolk.lab.experiments.adapt_controls.runs import AdaptControlsRuns as FamilyRuns
     from kinfolk.lab.protocol.family_runs_cli import main
 
     sys.exit(main("python -m kinfolk.lab.experiments.adapt_controls", AdaptControls, FamilyRuns, sys.argv[1:]))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.experiments.adapt_controls.runs import RECORD_VERSION, FamilyRuns
+from kinfolk.lab.experiments.adapt_controls.runs import RECORD_VERSION, AdaptControlsRuns
 from kinfolk.lab.experiments.adapt_controls.settings import METHODS, ControlsSettings
 from kinfolk.lab.methods.adapt.settings import ROUTED
 from kinfolk.lab.methods.selection import (
@@ -47,7 +47,7 @@ class AdaptControls(FamilyRunsExperiment):
     version = "3"
     settings_class = ControlsSettings
     record_version = RECORD_VERSION
-    family_runs_class = FamilyRuns
+    family_runs_class = AdaptControlsRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:
         s = self.settings

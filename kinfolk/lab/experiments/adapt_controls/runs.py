@@ -21,7 +21,8 @@ from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
 from kinfolk.lab.methods.adapt.settings import BASE, ROUTED, format_of
 from kinfolk.lab.methods.selection import curve_sizes, routing_record
 from kinfolk.lab.protocol.claims import claimed
-from kinfolk.lab.protocol.family_runs import kept_record
+from kinfolk.lab.protocol.family_runs import record_key
+from kinfolk.lab.protocol.records import kept_path, kept_record
 
 RECORD_VERSION = 1
 
@@ -35,7 +36,7 @@ def sizes_with_skills(curve: dict[str, Any], scored: list[str]) -> dict[str, lis
     return sizes
 
 
-class FamilyRuns:
+class AdaptControlsRuns:
     """The runs of the settings' families, made or read back; `None` for a run another process holds."""
 
     def __init__(self, settings: ControlsSettings):
@@ -49,7 +50,7 @@ class FamilyRuns:
         return build_family(adapt_family_config(seed, **self.settings.family_overrides), progress=False)
 
     def record(self, seed: int, run: int) -> dict[str, Any] | None:
-        kept = kept_record(self.records, seed, run, RECORD_VERSION)
+        kept = kept_record(self.records, record_key(seed, run), RECORD_VERSION)
         if kept is not None:
             return kept
         where = self.work / str(seed) / f"run{run}"
@@ -64,8 +65,8 @@ class FamilyRuns:
                 record = self.make(seed, run, where)
             finally:
                 logging.enable_progress_bar()
-        write_json(self.records / str(seed) / f"{run}.json", record)
-        return kept_record(self.records, seed, run, RECORD_VERSION)  # as read back: JSON's string keys
+        write_json(kept_path(self.records, record_key(seed, run)), record)
+        return kept_record(self.records, record_key(seed, run), RECORD_VERSION)  # as read back: JSON's string keys
 
     def make(self, seed: int, run: int, where: Path) -> dict[str, Any]:
         from kinfolk.lab.methods.adapt.family_runs import AdaptFamily

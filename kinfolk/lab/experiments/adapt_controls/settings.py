@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kinfolk.lab.methods.adapt.settings import ORDERS, AdaptSettings
+from kinfolk.lab.protocol.settings import FamilySettings
 
 # Every method whose sizes are measured, and the student its variant's blocks are patched into.
 METHODS = {
@@ -22,9 +23,7 @@ METHODS = {
 
 
 @dataclass(frozen=True)
-class ControlsSettings:
-    families: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4], metadata={"help": "Family seeds (units)."})
-    runs: int = field(default=2, metadata={"help": "Runs per family: each its own distillation seed."})
+class ControlsSettings(FamilySettings):
     variants: list[str] = field(
         default_factory=lambda: ["large_instruct", "large_bracket"], metadata={"help": "Post-trained variants."}
     )

@@ -13,7 +13,7 @@ import sys
 
 if __name__ == "__main__":
     from kinfolk.lab.experiments.atlantis_controls.experiment import AtlantisControls
-    from kinfolk.lab.experiments.atlantis_controls.runs import FamilyRuns
+    from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns as FamilyRuns
     from kinfolk.lab.protocol.family_runs_cli import main
 
     sys.exit(main("python -m kinfolk.lab.experiments.atlantis_controls", AtlantisControls, FamilyRuns, sys.argv[1:]))

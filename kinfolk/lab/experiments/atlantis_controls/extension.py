@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.experiments.atlantis_controls.runs import RECORD_VERSION, FamilyRuns, grid_key
+from kinfolk.lab.experiments.atlantis_controls.runs import RECORD_VERSION, AtlantisControlsRuns, grid_key
 from kinfolk.lab.experiments.atlantis_controls.settings import Cell, ControlsSettings
-from kinfolk.lab.protocol.family_runs import kept_record
+from kinfolk.lab.protocol.family_runs import record_key
+from kinfolk.lab.protocol.records import kept_record
 
 EXTRA_RATE = 1e-4
 CELLS = ("strong/pr", "weak/pr")
@@ -28,7 +29,7 @@ def chosen_test(grid: dict[str, Any], values: list[float]) -> tuple[float, float
 
 
 def extend(settings: ControlsSettings) -> dict[str, Any]:
-    runs = FamilyRuns(settings)
+    runs = AtlantisControlsRuns(settings)
     rates = [EXTRA_RATE, *settings.learning_rates]
     per_cell: dict[str, Any] = {}
     for name in CELLS:
@@ -38,7 +39,7 @@ def extend(settings: ControlsSettings) -> dict[str, Any]:
         for family in settings.families:
             values = []
             for run in range(settings.runs):
-                record = kept_record(settings.records, family, run, RECORD_VERSION)
+                record = kept_record(settings.records, record_key(family, run), RECORD_VERSION)
                 arms = record["cells"][name]["arms"]
                 uniform = {**arms["uniform"], grid_key(EXTRA_RATE): runs.arm(family, run, cell, "uniform", EXTRA_RATE)}
                 ratio = arms["ratio"]

@@ -26,7 +26,8 @@ from kinfolk.lab.experiments.atlantis_controls.arms import training_rows, verifi
 from kinfolk.lab.experiments.atlantis_controls.settings import BASES, Cell, ControlsSettings
 from kinfolk.lab.methods.replication import cached_json
 from kinfolk.lab.protocol.claims import claimed
-from kinfolk.lab.protocol.family_runs import kept_record
+from kinfolk.lab.protocol.family_runs import record_key
+from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.skills import RESPONSE_KINDS
 
 RECORD_VERSION = 1
@@ -42,7 +43,7 @@ def grid_key(value: float) -> str:
     return f"{value:g}"
 
 
-class FamilyRuns:
+class AtlantisControlsRuns:
     """The runs of the settings' families, made or read back; `None` for anything another process holds."""
 
     def __init__(self, settings: ControlsSettings):
@@ -122,7 +123,7 @@ class FamilyRuns:
 
     def record(self, seed: int, run: int) -> dict[str, Any] | None:
         """The run's record, kept once every arm of every cell is; None while any is another process's."""
-        kept = kept_record(self.records, seed, run, RECORD_VERSION)
+        kept = kept_record(self.records, record_key(seed, run), RECORD_VERSION)
         if kept is not None:
             return kept
         s = self.settings
@@ -151,5 +152,5 @@ class FamilyRuns:
                 return None
             bases[base] = {"steps": family.steps["large_base"], "scores": family.scores["large_base"]}
         record = {"record_version": RECORD_VERSION, "family": seed, "run": run, "bases": bases, "cells": cells}
-        write_json(self.records / str(seed) / f"{run}.json", record)
+        write_json(kept_path(self.records, record_key(seed, run)), record)
         return record

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from kinfolk.lab.protocol.settings import FamilySettings
 from kinfolk.lab.world.family import LabConfig
 from kinfolk.lab.world.skills import TARGET
 
@@ -57,9 +58,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class ControlsSettings:
-    families: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4], metadata={"help": "Family seeds (units)."})
-    runs: int = field(default=2, metadata={"help": "Runs per family: each draws its own pools and training seed."})
+class ControlsSettings(FamilySettings):
     pool_size: int = field(default=1536, metadata={"help": "Rows drawn into each pool (copy and reverse)."})
     steps: int = field(default=150, metadata={"help": "SFT steps of every arm."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Learning rate of every weighted arm."})

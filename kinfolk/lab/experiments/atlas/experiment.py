@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinfolk.lab.methods.atlas.fronts import floored_log
+from kinfolk.lab.methods.selection import gain_level, lowest_at_level
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.reanalysis import Reanalysis, grid_key
@@ -167,16 +168,16 @@ class AtlasReanalysis(Reanalysis):
                             for p in r["points"])  # fmt: skip
             chosen[target] = {}
             for method in sorted(methods):
-                candidates = [
-                    (p["validation"]["kl"], name, p["step"], p["validation"]["target"])
-                    for name, r in runs.items() if r["method"] == method for p in r["points"]
-                ]  # fmt: skip
+                listed = sorted(  # by run name, then step: the plan's tie-break is the first listed
+                    ((name, p) for name, r in runs.items() if r["method"] == method for p in r["points"]),
+                    key=lambda c: (c[0], c[1]["step"]),
+                )
                 chosen[target][method] = {}
                 for fraction in self._fractions():
-                    level = frozen + fraction * (lora_best - frozen)
-                    reaching = [c for c in candidates if c[3] >= level - 1e-12]
-                    best = min(reaching) if reaching else None
-                    chosen[target][method][grid_key(fraction)] = None if best is None else [best[1], best[2]]
+                    best = lowest_at_level(listed, gain_level(fraction, lora_best, frozen),
+                                           score=lambda c: c[1]["validation"]["target"],
+                                           drift=lambda c: c[1]["validation"]["kl"])  # fmt: skip
+                    chosen[target][method][grid_key(fraction)] = None if best is None else [best[0], best[1]["step"]]
         return chosen
 
     def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:

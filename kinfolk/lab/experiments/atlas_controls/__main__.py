@@ -12,7 +12,7 @@ import sys
 
 if __name__ == "__main__":
     from kinfolk.lab.experiments.atlas_controls.experiment import AtlasControls
-    from kinfolk.lab.experiments.atlas_controls.runs import FamilyRuns
+    from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns as FamilyRuns
     from kinfolk.lab.protocol.family_runs_cli import main
 
     sys.exit(main("python -m kinfolk.lab.experiments.atlas_controls", AtlasControls, FamilyRuns, sys.argv[1:]))

@@ -27,10 +27,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.experiments.atlas_controls.runs import RECORD_VERSION, FamilyRuns
+from kinfolk.lab.experiments.atlas_controls.runs import RECORD_VERSION, AtlasControlsRuns
 from kinfolk.lab.experiments.atlas_controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
-from kinfolk.lab.experiments.real_atlas import selection as real_atlas_selection
 from kinfolk.lab.methods.atlas.runs import run_name
+from kinfolk.lab.methods.selection import best_score, drift, levels, lowest_drift
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
@@ -42,11 +42,6 @@ METHOD, BASELINE = "atlas", "lora"
 PRIMARY_LEVEL = "high"
 PRIMARY_OTHERS = ("lora", "norm-matched", "lora+output-kl")
 FLOOR_FACTOR = 10.0  # no ratio where either value is within this factor of the floor
-
-
-def drift(kl: Mapping[str, float], sources=OTHER_SOURCES) -> float:
-    """Geometric mean of the chosen sources' KLs: real-atlas's drift, restricted to `sources`."""
-    return real_atlas_selection.drift({"kl": {source: kl[source] for source in sources}})
 
 
 def _points(runs: Mapping[str, Any], method: str, settings: ControlsSettings, split: str) -> list[dict[str, Any]]:
@@ -63,7 +58,7 @@ class AtlasControls(FamilyRunsExperiment):
     version = "3"
     settings_class = ControlsSettings
     record_version = RECORD_VERSION
-    family_runs_class = FamilyRuns
+    family_runs_class = AtlasControlsRuns
 
     def _others(self) -> list[str]:
         return [m for m in self.settings.methods if m != METHOD]
@@ -129,19 +124,16 @@ class AtlasControls(FamilyRunsExperiment):
             runs = view["targets"][target]
             points = {m: _points(runs, m, self.settings, "validation") for m in self.settings.methods}
             frozen = next(p["target"] for p in points[BASELINE] if p["step"] == 0)
-            best = max(p["target"] for p in points[BASELINE] if p["step"] > 0) - frozen
-            levels = {name: frozen + f * best for name, f in self.settings.gain_levels.items()} if best > 0 else {}
+            gain = best_score(points[BASELINE], "target") - frozen
+            at = levels(self.settings.gain_levels, points[BASELINE], "target", frozen) if gain > 0 else {}
             picks: dict[str, Any] = {}
-            for level, value in levels.items():
+            for level, value in at.items():
                 picks[level] = {}
-                for method, ours in points.items():
-                    order = {p["run"]: i for i, p in enumerate(ours)}
-                    reaching = [p for p in ours if p["step"] > 0 and p["target"] >= value]
-                    pick = min(reaching, key=lambda p: (drift(p["kl"]), order[p["run"]], p["step"]), default=None)
+                for method, ours in points.items():  # each method's runs in grid order, checkpoints by step
+                    pick = lowest_drift(ours, value, "target", OTHER_SOURCES)
                     picks[level][method] = None if pick is None else {"run": pick["run"], "step": pick["step"]}
-            reach = {m: (max(p["target"] for p in ps if p["step"] > 0) - frozen) / best if best > 0 else None
-                     for m, ps in points.items()}  # fmt: skip
-            chosen[target] = {"frozen": frozen, "levels": levels, "checkpoints": picks, "reach": reach}
+            reach = {m: (best_score(ps, "target") - frozen) / gain if gain > 0 else None for m, ps in points.items()}
+            chosen[target] = {"frozen": frozen, "levels": at, "checkpoints": picks, "reach": reach}
         return chosen
 
     def _edge(self, method: str, run: str) -> bool:
@@ -208,7 +200,7 @@ class _Chosen:
         return [p["test"] for name in names for p in self.runs[name]["points"] if p["step"] == 0]
 
     def floor(self, methods, sources) -> float:
-        return max(drift(point["kl"], sources) for method in methods for point in self.step_zero(method))
+        return max(drift(point, sources) for method in methods for point in self.step_zero(method))
 
     def ratio(self, other: str, level: str, sources) -> EndpointValue:
         ours, theirs = self.test_point(METHOD, level), self.test_point(other, level)
@@ -216,7 +208,7 @@ class _Chosen:
             return EndpointValue(None)
         picks = self.selection["checkpoints"][level]
         edge = self.experiment._edge(METHOD, picks[METHOD]["run"]) or self.experiment._edge(other, picks[other]["run"])
-        a, b = drift(ours["kl"], sources), drift(theirs["kl"], sources)
+        a, b = drift(ours, sources), drift(theirs, sources)
         if min(a, b) < FLOOR_FACTOR * self.floor((METHOD, other), sources):
             return EndpointValue(None, method=a, baseline=b, grid_edge=edge)
         return EndpointValue(math.log(a) - math.log(b), method=a, baseline=b, grid_edge=edge)

@@ -20,13 +20,14 @@ from kinfolk.lab.experiments.atlas_controls.settings import ControlsSettings
 from kinfolk.lab.methods.atlas.runs import run_name
 from kinfolk.lab.methods.replication import cached_json
 from kinfolk.lab.protocol.claims import claimed
-from kinfolk.lab.protocol.family_runs import kept_record
+from kinfolk.lab.protocol.family_runs import record_key
+from kinfolk.lab.protocol.records import kept_path, kept_record
 
 RECORD_VERSION = 1
 SPLITS = ("validation", "test")
 
 
-class FamilyRuns:
+class AtlasControlsRuns:
     """The runs of the settings' families, made or read back; `None` for anything another process holds."""
 
     def __init__(self, settings: ControlsSettings):
@@ -88,7 +89,7 @@ class FamilyRuns:
     def record(self, seed: int, run: int) -> dict[str, Any] | None:
         """The run's record, kept once every target's every method and grid point is; None while any is another
         process's."""
-        kept = kept_record(self.records, seed, run, RECORD_VERSION)
+        kept = kept_record(self.records, record_key(seed, run), RECORD_VERSION)
         if kept is not None:
             return kept
         s = self.settings
@@ -103,5 +104,5 @@ class FamilyRuns:
         if any(result is None for runs in targets.values() for result in runs.values()):
             return None
         record = {"record_version": RECORD_VERSION, "family": seed, "run": run, "targets": targets}
-        write_json(self.records / str(seed) / f"{run}.json", record)
+        write_json(kept_path(self.records, record_key(seed, run)), record)
         return record

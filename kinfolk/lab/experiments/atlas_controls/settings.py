@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kinfolk.lab.methods.atlas.settings import TARGETS
+from kinfolk.lab.protocol.settings import FamilySettings
 
 # The atlas is fitted on copy answers in the preferred format: `copy` is its own template, the rest are not.
 ATLAS_SOURCE = "copy"
@@ -26,9 +27,7 @@ REGULARISED = {"lora+output-kl": "output_kl_coefs", "lora+replay": "replay_ratio
 
 
 @dataclass(frozen=True)
-class ControlsSettings:
-    families: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4], metadata={"help": "Family seeds (units)."})
-    runs: int = field(default=2, metadata={"help": "Runs per family: each its own adapter init and data draw."})
+class ControlsSettings(FamilySettings):
     targets: list[str] = field(default_factory=lambda: list(TARGETS), metadata={"help": "Target skills."})
     methods: list[str] = field(
         default_factory=lambda: [

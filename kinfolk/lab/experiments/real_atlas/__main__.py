@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from kinfolk.atomic import write_json
     from kinfolk.lab.experiments.real_atlas.corpus import SPLITS
     from kinfolk.lab.experiments.real_atlas.experiment import RealAtlas
-    from kinfolk.lab.experiments.real_atlas.runs import SeedRuns
+    from kinfolk.lab.experiments.real_atlas.runs import RealAtlasRuns as SeedRuns
 
     parser = argparse.ArgumentParser(prog="python -m kinfolk.lab.experiments.real_atlas")
     parser.add_argument("--pilot", action="store_true", help="the pilot seed's runs (validation only)")

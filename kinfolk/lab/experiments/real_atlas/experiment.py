@@ -30,16 +30,21 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas import selection
 from kinfolk.lab.experiments.real_atlas.corpus import RETAINED_SOURCES
-from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PILOT_OUTPUT_KL_COEFS, PILOT_RATES, RealAtlasSettings
+from kinfolk.lab.experiments.real_atlas.settings import (
+    BASELINE,
+    PILOT_OUTPUT_KL_COEFS,
+    PILOT_RATES,
+    PRIMARY_LEVEL,
+    RealAtlasSettings,
+)
+from kinfolk.lab.methods import selection
 from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.records import EndpointValue, kept_record
 from kinfolk.lab.protocol.views import SelectionView
 
 METHOD = "atlas"
-PRIMARY_LEVEL = "high"
 PRIMARY_OTHERS = ("lora", "norm-matched", "lora+output-kl")
 OTHERS = (*PRIMARY_OTHERS, "osf")
 
@@ -122,23 +127,17 @@ class RealAtlas(Experiment):
         }
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        from kinfolk.lab.experiments.real_atlas.runs import SeedRuns, kept_record
+        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, RealAtlasRuns, record_key
 
-        record = kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
+        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
+        record = kept or RealAtlasRuns(self.settings).record(unit)
         if record is None:
             raise RuntimeError(f"seed {unit}: another process is still running one of its runs; analyse when it ends")
         return record
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         validation = {method: _points(view, method, "validation") for method in view["runs"]}
-        levels = selection.levels(self.settings.gain_levels, validation[BASELINE])
-        return {
-            "levels": levels,
-            "checkpoints": {
-                level: {method: selection.checkpoint_at(points, value) for method, points in validation.items()}
-                for level, value in levels.items()
-            },
-        }
+        return selection.checkpoints_at_levels(validation, self.settings.gain_levels, BASELINE)
 
     def _edge(self, method: str) -> bool:
         """Whether the method's pilot-chosen rate (or Output-KL's strength) lay on the edge of its pilot grid."""
@@ -169,23 +168,23 @@ class RealAtlas(Experiment):
                     *(None if p is None else p["gain"] for p in (ours, theirs))
                 )
         validation = {method: _points(record, method, "validation") for method in record["runs"]}
-        lora_best = selection.best_gain(validation[BASELINE])
+        lora_best = selection.best_score(validation[BASELINE])
         for method in self.settings.methods:
             values[f"floor: {method}, untrained-adapter drift"] = EndpointValue(
                 selection.drift(_at(record, method, 0))
             )
             if method != BASELINE:
-                values[f"reach: {method}"] = EndpointValue(selection.best_gain(validation[method]) / lora_best)
+                values[f"reach: {method}"] = EndpointValue(selection.best_score(validation[method]) / lora_best)
         return values
 
     def floor(self, endpoint: str) -> float | None:
         """Under a drift ratio: the largest untrained-adapter drift of the two methods over the kept seeds."""
-        from kinfolk.lab.experiments.real_atlas.runs import kept_record
+        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, record_key
 
         if "drift ratio" not in endpoint and "KL ratio" not in endpoint:
             return None
         other = endpoint.split(" vs ")[1].split(",")[0]
-        records = [kept_record(self.settings, seed) for seed in self.units()]
+        records = [kept_record(self.settings.records, record_key(seed), RECORD_VERSION) for seed in self.units()]
         floors = [selection.drift(_at(r, m, 0)) for r in records if r is not None for m in (METHOD, other)]
         return max(floors) if floors else None
 

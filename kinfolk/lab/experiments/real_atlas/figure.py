@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas.selection import drift
+from kinfolk.lab.methods.selection import drift
 
 
 def plot_curves(records: Sequence[dict[str, Any]], path: str | Path) -> Path:

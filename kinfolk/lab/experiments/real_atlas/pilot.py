@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas import selection
-from kinfolk.lab.experiments.real_atlas.runs import SeedRuns, run_name
+from kinfolk.lab.experiments.real_atlas.runs import RealAtlasRuns, run_name
 from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PILOT_OUTPUT_KL_COEFS, PILOT_RATES
+from kinfolk.lab.methods import selection
 
 PILOT_SEED = 100  # not a unit: the units are the plan's seeds
 PILOT_LEVEL = "high"
@@ -26,7 +26,7 @@ def _validation(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"step": p["step"], **p["validation"]} for p in run["points"]]
 
 
-def pilot_runs(runs: SeedRuns, methods: list[str]) -> dict[str, dict[str, Any] | None]:
+def pilot_runs(runs: RealAtlasRuns, methods: list[str]) -> dict[str, dict[str, Any] | None]:
     """The pilot's runs of `methods` by name (None: another process's, still running). Output-KL's run at LoRA's
     chosen rate, so they wait for every LoRA run: LoRA comes first in `methods`."""
     done: dict[str, dict[str, Any] | None] = {}
@@ -47,7 +47,7 @@ def pilot_runs(runs: SeedRuns, methods: list[str]) -> dict[str, dict[str, Any] |
     return done
 
 
-def choose(runs: SeedRuns) -> dict[str, Any]:
+def choose(runs: RealAtlasRuns) -> dict[str, Any]:
     """Every method's learning rate and Output-KL's strength, from the pilot seed's validation checkpoints."""
     s = runs.settings
     every = pilot_runs(runs, list(s.methods))
@@ -69,7 +69,7 @@ def choose(runs: SeedRuns) -> dict[str, Any]:
                 "learning_rate": run["learning_rate"],
                 "strength": run["strength"],
                 "trainable": run["trainable"],
-                "best_validation_gain": selection.best_gain(_validation(run)),
+                "best_validation_gain": selection.best_score(_validation(run)),
                 "checkpoint_at_level": selection.checkpoint_at(_validation(run), level),
                 "validation": _validation(run),
             }

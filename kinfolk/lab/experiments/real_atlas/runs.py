@@ -27,9 +27,11 @@ import torch
 from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.experiments.real_atlas import corpus
-from kinfolk.lab.experiments.real_atlas.settings import RESIDUALS, RealAtlasSettings
+from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PRIMARY_LEVEL, RESIDUALS, RealAtlasSettings
 from kinfolk.lab.methods.replication import cached_json
+from kinfolk.lab.methods.selection import checkpoints_at_levels
 from kinfolk.lab.protocol.claims import claimed
+from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.lab.world.training import lab_trainer
 
@@ -46,16 +48,15 @@ def run_name(method: str, learning_rate: float, strength: float | None) -> str:
     return f"{method}-lr{learning_rate:g}" + ("" if strength is None else f"-s{strength:g}")
 
 
-def kept_record(settings: RealAtlasSettings, seed: int) -> dict[str, Any] | None:
-    path = Path(settings.records) / str(seed) / "record.json"
-    kept = json.loads(path.read_text()) if path.exists() else None
-    return kept if kept is not None and kept.get("record_version") == RECORD_VERSION else None
+def record_key(seed: int) -> str:
+    """A seed's key among the kept records: its folder holds the record, its measured rows and chosen adapters."""
+    return f"{seed}/record"
 
 
 class SeedState:
     """What every run of one seed shares: its draw, the measured rows with the frozen reference, the atlas."""
 
-    def __init__(self, runs: SeedRuns, seed: int):
+    def __init__(self, runs: RealAtlasRuns, seed: int):
         s = runs.settings
         self.seed, self.splits = seed, runs.splits
         self.draw = corpus.draw(runs.sources, seed)
@@ -99,7 +100,7 @@ class SeedState:
         return point
 
 
-class SeedRuns:
+class RealAtlasRuns:
     """The frozen model, its tokenizer and chat answers (shared by every seed), and each seed's runs, measured on
     `splits` (the pilot measures validation only)."""
 
@@ -174,14 +175,14 @@ class SeedRuns:
         from peft import get_peft_model
         from transformers import set_seed
 
-        from kinfolk.lab.methods.atlas.runs import _tuner_layer
+        from kinfolk.lab.methods.atlas.runs import tuner_layer
         from kinfolk.plugins.atlas_comparators import matching_lora_config, matching_osf_config
 
         base = self.load()
         set_seed(state.seed)  # the adapter's random initialisation: the seed's, the same for every method
         if method in RESIDUALS:
             model = get_peft_model(base, self.atlas_config(RESIDUALS[method]))
-            _tuner_layer(model).set_atlas("default", **state.atlas)
+            tuner_layer(model).set_atlas("default", **state.atlas)
             return model
         if method == "osf":  # as many trained singular directions as LoRA's rank
             return get_peft_model(base, matching_osf_config(base, self.atlas_config()))
@@ -262,7 +263,7 @@ class SeedRuns:
 
     def record(self, seed: int) -> dict[str, Any] | None:
         """The seed's record (every method's run), its measured rows and chosen adapters, kept once whole."""
-        kept = kept_record(self.settings, seed)
+        kept = kept_record(self.settings.records, record_key(seed), RECORD_VERSION)
         if kept is not None:
             return kept
         runs = {method: self.method_run(seed, method) for method in self.settings.methods}
@@ -276,19 +277,19 @@ class SeedRuns:
             "layer": self.layer,
             "runs": runs,
         }
-        out = Path(self.settings.records) / str(seed)
-        write_json(out / "contexts.json", state.contexts)
-        self.keep_chosen_adapters(record, out / "adapters")
-        write_json(out / "record.json", record)
+        path = kept_path(self.settings.records, record_key(seed))
+        write_json(path.parent / "contexts.json", state.contexts)
+        self.keep_chosen_adapters(record, path.parent / "adapters")
+        write_json(path, record)
         return record
 
     def keep_chosen_adapters(self, record: dict[str, Any], out: Path) -> None:
-        """Copy, per method, the checkpoint the experiment's selection chose (validation only) at the primaries'
-        level."""
-        from kinfolk.lab.experiments.real_atlas.experiment import PRIMARY_LEVEL, RealAtlas
-        from kinfolk.lab.protocol.views import SelectionView
-
-        chosen = RealAtlas(self.settings).select(SelectionView(record))["checkpoints"]
+        """Copy, per method, the checkpoint the experiment's selection chooses (validation only, the same rule) at the
+        primaries' level."""
+        validation = {
+            m: [{"step": p["step"], **p["validation"]} for p in run["points"]] for m, run in record["runs"].items()
+        }
+        chosen = checkpoints_at_levels(validation, self.settings.gain_levels, BASELINE)["checkpoints"]
         for level, steps in chosen.items():
             if level != PRIMARY_LEVEL:
                 continue  # an ATLAS adapter carries its atlas (0.7 MB here): the primaries' level only

@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kinfolk.lab.experiments.real_boomerang.settings import real_models_root
+from kinfolk.lab.protocol.settings import RealModelSettings, real_models_root
 
 METHODS = ["lora", "atlas", "norm-matched", "osf", "lora+output-kl"]
 BASELINE = "lora"  # the method whose validation gain defines the levels
+PRIMARY_LEVEL = "high"  # the level of the primaries (and of the adapters a seed keeps)
 RESIDUALS = {"atlas": "atlas", "norm-matched": "norm_matched"}  # methods that are ATLAS adapters, by residual
 # Moved within the pilot, before the plan: ATLAS at 3e-4 gained 24 times less on code than LoRA at 1e-3 (its
 # filters damp the update), so its grid starts higher; OSF at 1e-4, 1e-3 and 1e-2 gained 0, 4e-5 and 2.5e-3 nats
@@ -32,11 +33,7 @@ PILOT_OUTPUT_KL_COEFS = [1.0, 3.0, 10.0]  # at LoRA's chosen rate
 
 
 @dataclass(frozen=True)
-class RealAtlasSettings:
-    model: str = field(
-        default="smollm2-135m-instruct",
-        metadata={"help": "a model directory, or a name under $KINFOLK_REAL_MODELS (make real-models)"},
-    )
+class RealAtlasSettings(RealModelSettings):
     module: str = field(default="self_attn.o_proj", metadata={"help": "the adapted module of the one layer"})
     layer: int | None = field(
         default=None, metadata={"help": "the adapted decoder layer; None: the paper's relative depth (17 of 36)"}
@@ -80,11 +77,6 @@ class RealAtlasSettings:
     def checkpoints(self) -> list[int]:
         """The measured steps: the untrained adapter (its floor), then every `checkpoint_every` steps."""
         return list(range(0, self.steps + 1, self.checkpoint_every))
-
-    def model_dir(self) -> Path:
-        if Path(self.model).is_dir():
-            return Path(self.model)
-        return real_models_root() / self.model
 
     def prose_path(self) -> Path:
         return Path(self.prose_file) if self.prose_file else real_models_root() / "texts" / "shakespeare-sonnets.txt"

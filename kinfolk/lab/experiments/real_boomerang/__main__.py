@@ -15,7 +15,7 @@ from kinfolk import console
 
 def main(argv: list[str] | None = None) -> int:
     from kinfolk.lab.experiments.real_boomerang.experiment import RealBoomerang
-    from kinfolk.lab.experiments.real_boomerang.runs import SeedRuns
+    from kinfolk.lab.experiments.real_boomerang.runs import RealBoomerangRuns as SeedRuns
 
     parser = argparse.ArgumentParser(prog="python -m kinfolk.lab.experiments.real_boomerang")
     parser.add_argument("--seeds", type=int, nargs="*", help="default: every seed of the plan's settings")

@@ -30,7 +30,7 @@ from kinfolk.lab.methods.adapt.settings import largest_drop
 from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.records import EndpointValue, kept_record
 from kinfolk.lab.protocol.views import SelectionView
 
 CONCORDANCE_NULL = 0.5
@@ -114,9 +114,10 @@ class RealBoomerang(Experiment):
         }
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        from kinfolk.lab.experiments.real_boomerang.runs import SeedRuns, kept_record
+        from kinfolk.lab.experiments.real_boomerang.runs import RECORD_VERSION, RealBoomerangRuns, record_key
 
-        return kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
+        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
+        return kept or RealBoomerangRuns(self.settings).record(unit)
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         return {}

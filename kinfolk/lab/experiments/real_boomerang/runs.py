@@ -21,6 +21,7 @@ from kinfolk.atomic import write_json
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
 from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS, patched_sizes
 from kinfolk.lab.methods import real_corpus as corpus
+from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE
 
@@ -31,13 +32,12 @@ def _load(path: Path) -> Any | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def kept_record(settings: BoomerangSettings, seed: int) -> dict[str, Any] | None:
-    """A seed's whole record when it is kept (no model is loaded to read it)."""
-    kept = _load(Path(settings.records) / f"{seed}.json")
-    return kept if kept is not None and kept.get("record_version") == RECORD_VERSION else None
+def record_key(seed: int) -> str:
+    """A seed's key among the kept records."""
+    return str(seed)
 
 
-class SeedRuns:
+class RealBoomerangRuns:
     """The shared pieces of every seed (teacher, tokenizer, answers, measurement rows) and each seed's runs."""
 
     def __init__(self, settings: BoomerangSettings):
@@ -146,7 +146,7 @@ class SeedRuns:
 
     def record(self, seed: int) -> dict[str, Any]:
         """The seed's whole record, read back when it is already kept."""
-        kept = kept_record(self.settings, seed)
+        kept = kept_record(self.settings.records, record_key(seed), RECORD_VERSION)
         if kept is not None:
             return kept
         undistilled = self.curve(self.init_student(), "undistilled")
@@ -160,5 +160,5 @@ class SeedRuns:
             "validation": {},
             "test": {"distilled": distilled, "undistilled": undistilled},
         }
-        write_json(Path(self.settings.records) / f"{seed}.json", record)
+        write_json(kept_path(self.settings.records, record_key(seed)), record)
         return record

@@ -10,19 +10,14 @@ the sources and sizes of the held-out measurement, and the seeds.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REAL_MODELS_ENV = "KINFOLK_REAL_MODELS"  # where `make real-models` puts the converted checkpoints
+from kinfolk.lab.protocol.settings import RealModelSettings
 
 
 @dataclass(frozen=True)
-class BoomerangSettings:
-    model: str = field(
-        default="smollm2-135m-instruct",
-        metadata={"help": "the teacher: a model directory, or a name under $KINFOLK_REAL_MODELS (make real-models)"},
-    )
+class BoomerangSettings(RealModelSettings):  # its `model` is the teacher
     layers: dict = field(
         default_factory=lambda: {"every": 2, "last": 1}, metadata={"help": "the student's layer selection"}
     )
@@ -58,11 +53,5 @@ class BoomerangSettings:
         return (self.steps - self.pretraining_steps) * self.batch_size
 
     def teacher_dir(self) -> Path:
-        if Path(self.model).is_dir():
-            return Path(self.model)
-        return real_models_root() / self.model
-
-
-def real_models_root() -> Path:
-    """Where `make real-models` puts the converted checkpoints and retained texts."""
-    return Path(os.environ.get(REAL_MODELS_ENV, Path.home() / ".cache" / "kinfolk" / "real-models"))
+        """The teacher's directory: the settings' model."""
+        return self.model_dir()

@@ -14,13 +14,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from kinfolk.lab.methods.atlas.settings import AREA_RANGE, BASELINE, CONTROL, GAIN_LEVELS, MIN_GAIN, PLOT_GRID
+from kinfolk.lab.methods.selection import gain_level
 
 # ------------------------------------------------------------------------------------------------ fronts
 Point = tuple[float, float]  # (target score, measure)
 
 
 def front(points: Sequence[Point], level: float) -> float | None:
-    """The front at `level`: the lowest measure among points scoring at least `level` (None when none does)."""
+    """The front at `level`: the lowest measure among points scoring at least `level` (None when none does).
+
+    Version 1's own comparison, strict, unlike `kinfolk.lab.methods.selection.lowest_at_level`: its committed plot
+    grid (`atlas-families/3.json`, flip, corda, q = 0.5) left out a checkpoint scoring 0.59 at the float level
+    0.5900000000000001, which the shared rule's tolerance lets in, as version 2 lets in 0.82 at 0.8200000000000001."""
     reaching = [value for score, value in points if score >= level]
     return min(reaching) if reaching else None
 
@@ -93,10 +98,8 @@ def gain_levels(frozen: float, best: float) -> dict[str, float]:
     >>> gain_levels(0.2, 0.6)
     {'mid': 0.4, 'plateau': 0.56, 'low': 0.24, 'high': 0.56}
     """
-    gain = best - frozen
-    levels = {name: frozen + fraction * gain for name, fraction in GAIN_LEVELS.items()}
-    levels.update(low=frozen + AREA_RANGE[0] * gain, high=frozen + AREA_RANGE[1] * gain)
-    return {name: round(value, 10) for name, value in levels.items()}
+    fractions = {**GAIN_LEVELS, "low": AREA_RANGE[0], "high": AREA_RANGE[1]}
+    return {name: gain_level(fraction, best, frozen) for name, fraction in fractions.items()}
 
 
 def analyse_target(record: dict[str, Any], target: str) -> dict[str, Any]:

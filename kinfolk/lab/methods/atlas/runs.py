@@ -160,11 +160,12 @@ def atlas_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the one ATLAS layer's fitted atlas, by `set_atlas`'s keyword names."""
     from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS
 
-    layer = _tuner_layer(model)
+    layer = tuner_layer(model)
     return {name[6:]: getattr(layer, name)["default"].detach().clone() for name in ATLAS_BUFFERS}
 
 
-def _tuner_layer(model: torch.nn.Module) -> torch.nn.Module:
+def tuner_layer(model: torch.nn.Module) -> torch.nn.Module:
+    """The one PEFT tuner layer of an adapter placed at a single module (the lab adapts one)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
@@ -181,7 +182,7 @@ def geometry(context: Context) -> dict[str, dict[str, float]]:
     from peft import get_peft_model
 
     model = get_peft_model(context.family.load("large_base"), context.atlas_config()).eval()
-    layer = _tuner_layer(model)
+    layer = tuner_layer(model)
     layer.set_atlas("default", **context.atlas)
 
     def tokens(batches: list[dict]) -> dict[str, torch.Tensor]:
@@ -220,7 +221,7 @@ def measure(context: Context, target: str, model: torch.nn.Module, step: int) ->
     prompts = [p for split in SPLITS for skill in skills for p in context.problems[split][skill]["prompt"]]
     responses = iter(generate_responses(model, context.tokenizer, prompts))
     point: dict[str, Any] = {"step": step}
-    module = _tuner_layer(model)
+    module = tuner_layer(model)
     weight, bias = context.original
 
     def update_norms(seen, batch) -> torch.Tensor:
@@ -274,7 +275,7 @@ def build_adapter(context: Context, method: str, seed: int) -> torch.nn.Module:
         return corda_kpm_model(base, atlas_config, context.fit_data, context.tokenizer, max_length=MAX_LENGTH)
     if method in RESIDUALS:
         model = get_peft_model(base, atlas_config)
-        _tuner_layer(model).set_atlas("default", **context.atlas)
+        tuner_layer(model).set_atlas("default", **context.atlas)
         return model
     if method == "osf":  # as many trained singular directions as LoRA's rank
         return get_peft_model(base, matching_osf_config(base, atlas_config))
