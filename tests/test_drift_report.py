@@ -166,6 +166,18 @@ def test_default_levels_leave_out_the_step_0_point(tmp_path, capsys):
     assert saved["comparisons"][0]["ratio"] == pytest.approx(sum(atlas_values) / sum(lora_values))
 
 
+def test_a_run_that_never_beats_its_start_is_refused_in_one_line(tmp_path, capsys):
+    dirs = {
+        ("atlas", "1"): write_run(tmp_path / "atlas", [(0, 10, 0.0), (2, 8, 0.01), (4, 9, 0.02)]),
+        ("lora", "1"): write_run(tmp_path / "lora", [(0, 2, 0.0), (2, 5, 0.03)]),
+    }
+    assert main(drift_argv(dirs, tmp_path / "report")) == 2
+    assert capsys.readouterr().err == (
+        "kinfolk drift: error: run atlas/1 has no checkpoint after step 0 scoring above its start (10); nothing to "
+        "match\n"
+    )
+
+
 def test_an_explicit_level_next_to_the_start_interpolates_linearly_from_zero():
     run = Run("lora", "1", "l", [(0, 2.0, 0.0), (2, 4.0, 0.01)])
     assert run.drift_at(3.0).drift == pytest.approx(0.005) and run.drift_at(2.0).drift == 0.0

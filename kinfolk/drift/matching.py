@@ -138,9 +138,13 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
     first trained records to the lowest of their best scores (the untouched start, step 0, never sets it). Every
     integer in it when the scores are counts, else `CONTINUOUS_LEVELS` evenly spaced levels (not the observed
     scores, which would depend on when checkpoints were saved)."""
-    untrained = [run.name for run in runs if not run.trained_targets()]
-    if untrained:
-        raise InputError(f"run {untrained[0]} has no checkpoint after step {START_STEP}; nothing to match")
+    for run in runs:
+        if not any(step != START_STEP for step, _, _ in run.envelope()):
+            start = run.envelope()[0][1]
+            raise InputError(
+                f"run {run.name} has no checkpoint after step {START_STEP} scoring above its start ({start:g}); "
+                "nothing to match"
+            )
     lows = {run.name: _first_trained_record(run) for run in runs}
     highs = {run.name: run.envelope()[-1][1] for run in runs}
     low, high = max(lows.values()), min(highs.values())
