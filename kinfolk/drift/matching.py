@@ -154,7 +154,7 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
     scores = [target for run in runs for target in run.trained_targets()]
     if all(float(score).is_integer() for score in scores):
         return [float(k) for k in range(math.ceil(low), math.floor(high) + 1)]
-    return [float(k) for k in np.unique(np.linspace(low, high, CONTINUOUS_LEVELS))]
+    return [round(float(k), 12) for k in np.unique(np.linspace(low, high, CONTINUOUS_LEVELS))]  # no 0.9199999
 
 
 def _first_trained_record(run: Run) -> float:
