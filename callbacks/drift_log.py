@@ -1,8 +1,8 @@
 """`drift.jsonl`: one JSON object per line in a run's output directory, appended by kinfolk's callbacks.
 
 Rows carry `step` and one of: retained-KL measurements (`retained_kl`, ...), lm-eval scores
-(`lm_eval/<task>/<metric>`), churn (`churn/<task>/...`), or a checkpoint event (`checkpoint`). `kinfolk drift`
-joins them by step. Only the main process writes; a resumed run may append a step again and the later row wins.
+(`lm_eval/<task>/<metric>`), churn (`churn/<task>/...`), or a checkpoint event (`checkpoint`); docs/measurement.md
+lists the keys. `kinfolk drift` joins them by step. Only the main process writes; a resumed run may append a step again and the later row wins.
 
 >>> import tempfile
 >>> run = tempfile.mkdtemp()

@@ -208,7 +208,7 @@ def test_weight_report_against_hand_computation():
     assert report["min"] == pytest.approx(w.min()) and report["max"] == pytest.approx(w.max())
     stats = pytest.importorskip("scipy.stats")
     assert report["spearman_weight_length"] == pytest.approx(stats.spearmanr(w, BYTES).statistic)
-    assert set(report["versus_other_formulas"]) == {"algorithm1", "influence"}
+    assert set(report["versus_other_formulas"]) == {"algorithm1", "influence", "large_base_only"}
     table = format_report(report)
     assert "ESS / N" in table and "vs influence" in table
 

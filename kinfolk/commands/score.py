@@ -5,11 +5,13 @@
     accelerate launch --num_processes 8 -m kinfolk score ...     # same result, rows split across processes
     accelerate launch --multi_gpu --num_processes 2 -m kinfolk score ...   # CPU-only host (gloo); or torchrun
     kinfolk score --data scored.jsonl --out reweighted/ --formula influence   # new weights, no forward pass
+    kinfolk score --data train.jsonl --large-base Qwen2-7B --formula large_base_only --out scored.jsonl  # one model
 
 `--data` is anything `kinfolk.data.load_data` reads (a .jsonl/.json/.parquet/.csv file, a `save_to_disk` folder or a
 Hub dataset). `--out` is `*.jsonl` or `*.parquet` (what TRL's `datasets:` mixtures and `kinfolk sft` read), or else
 a `save_to_disk` folder, holding the original columns, the scores and the weights. Beside it (inside a folder)
-go `weights_report.json` and, with matplotlib, `weights_hist.png` (`<name>.weights_report.json` beside a file).
+go `weights_report.json` and, with matplotlib, `weights_hist.png` (`<name>.weights_report.json` beside a file);
+the report, also printed, ends with the highest- and lowest-weighted rows (docs/atlantis.md: choosing a formula).
 Nothing appears unless the run succeeds. Options can also come from a YAML file (`--config score.yaml`).
 """
 
@@ -100,7 +102,7 @@ def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, st
                 "pass --large_base/--small_base/--reference"
             )
     if state.is_main_process:
-        report = weight_report(scored, config.weight_config())
+        report = weight_report(scored, config.weight_config(), text_field=config.dataset_text_field)
         show(format_report(report))
         result = weights_from_scores(scored, config.weight_config())
         write_scored(scored, report, result.weights[result.scored], args.out, args.overwrite)

@@ -1,7 +1,8 @@
 """ATLANTIS: per-example SFT weights from how a small model's instruction tuning moved its probabilities.
 
-`score_dataset` runs the large base, small base and reference models over an SFT dataset (cached, resumable,
-multi-process) and adds their response log-probs and a `weight` column; `compute_weights` re-derives the weights
+`score_dataset` runs the large base, small base and reference models (those the formula reads: `large_base_only`
+needs the large base alone) over an SFT dataset (cached, resumable, multi-process) and adds their response
+log-probs and a `weight` column; `compute_weights` re-derives the weights
 with other options without any forward pass (`reweight_dataset`: the same, IFD selection included, for a
 scored dataset); `weight_report` / `compare_weights` diagnose them. The command
 line is `kinfolk score`.

@@ -14,7 +14,8 @@ loss keeps plain SFT's scale. On the lab (docs/results.md, atlantis-controls: 5 
 was shown to help after Holm's correction: `ratio` gained +0.23 [+0.05, +0.42] over uniform SFT with a tuned rate,
 and weights from the large base's own log-prob alone gained as much, so the small models added nothing detectable
 there; on answer-format noise, which the two bases cannot see, `algorithm1` was ahead of `ratio` in 5 of 5 families
-(+0.27 [+0.05, +0.49]), also not significant after correction.
+(+0.27 [+0.05, +0.49]), also not significant after correction. Hence `large_base_only` (log w = a): the lab's
+`a-only` arm, the same transforms on a alone, which needs the large base only and no small models at scoring time.
 
 >>> config = WeightConfig(formula="influence", temperature=0.5)
 >>> config.roles
@@ -35,6 +36,8 @@ FORMULAS: dict[str, dict[str, int]] = {
     "ratio": {"large_base": 1, "small_base": -1},  # Eq. 7
     "algorithm1": {"large_base": 1, "small_base": -1, "reference": 1},  # the paper's Algorithm 1
     "influence": {"reference": 1, "small_base": -1},  # Eq. 8
+    # the large base alone (the model SFT trains): as good as `ratio` on the lab, and needs one model, not three
+    "large_base_only": {"large_base": 1},
 }
 
 NORMALIZATIONS = ("none", "token", "byte")
@@ -55,13 +58,14 @@ def tokens_column(role: str) -> str:
 class WeightConfig:
     """How per-model response log-probs become one weight per example; all arithmetic is in log space."""
 
-    formula: Literal["ratio", "algorithm1", "influence"] = field(
+    formula: Literal["ratio", "algorithm1", "influence", "large_base_only"] = field(
         default="ratio",
         metadata={
             "help": "log-weight formula over a = large base, b = small base, c = reference log-probs: "
             "'ratio' a-b (Eq. 7), 'algorithm1' a-b+c (the paper's pseudocode; also sees answer-format noise, "
-            "which the two bases cannot), 'influence' c-b (Eq. 8). None was shown to beat tuned uniform SFT on "
-            "the lab (docs/results.md)."
+            "which the two bases cannot), 'influence' c-b (Eq. 8), 'large_base_only' a (needs only the large "
+            "base; as good as 'ratio' on the lab). None was shown to beat tuned uniform SFT on the lab "
+            "(docs/results.md; how to choose: docs/atlantis.md)."
         },
     )
     normalization: Literal["none", "token", "byte"] = field(

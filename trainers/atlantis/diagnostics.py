@@ -1,10 +1,12 @@
-"""What a weighting scheme does to the data: ESS, quantiles, length bias, and agreement with another scheme.
+"""What a weighting scheme does to the data: ESS, quantiles, length bias, the extreme rows, and agreement with
+another scheme.
 
 Importance weights fail quietly: a handful of rows can carry the whole loss (low ESS/N), or the weights can
-mostly encode response length (|Spearman(weight, length)| near 1). `weight_report` measures both, plus the
-quantiles and the fraction of rows up-weighted (w > 1); `compare_weights` gives the paper's cross-architecture
-measure, the fraction of rows two schemes put on opposite sides of 1.0 (46.78% for Qwen2 vs Gemma2), and their
-rank correlation.
+mostly encode response length (|Spearman(weight, length)| near 1), or a formula can rank nonsense answers high.
+`weight_report` measures the first two, plus the quantiles and the fraction of rows up-weighted (w > 1), and lists
+the `EXTREME_ROWS` highest- and lowest-weighted rows with each model's score and the start of the response, to be
+read; `compare_weights` gives the paper's cross-architecture measure, the fraction of rows two schemes put on
+opposite sides of 1.0 (46.78% for Qwen2 vs Gemma2), and their rank correlation.
 
 >>> compare_weights([0.5, 1.5, 2.0, 0.9], [0.7, 0.8, 3.0, 1.2])
 {'n': 4, 'sign_disagreement': 0.5, 'spearman': 0.8}
@@ -13,6 +15,7 @@ rank correlation.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +24,67 @@ from datasets import Dataset
 
 from kinfolk.atomic import atomic_file, write_json
 from kinfolk.stats import effective_sample_size, quantiles, spearman
-from kinfolk.trainers.atlantis.config import FORMULAS, RESPONSE_BYTES_COLUMN, WeightConfig, resolve_config
-from kinfolk.trainers.atlantis.weights import required_columns, weights_from_scores
+from kinfolk.tokens import DatasetFormatError, response_text
+from kinfolk.trainers.atlantis.config import (
+    FORMULAS,
+    RESPONSE_BYTES_COLUMN,
+    ROLES,
+    WeightConfig,
+    logprob_column,
+    resolve_config,
+    tokens_column,
+)
+from kinfolk.trainers.atlantis.weights import normalized_log_prob, required_columns, weights_from_scores
 
 REPORT_NAME = "weights_report.json"
 HISTOGRAM_NAME = "weights_hist.png"
+EXTREME_ROWS = 5  # rows listed at each end of the weights
+RESPONSE_PREVIEW = 80  # characters of a listed row's response
+
+
+@dataclass(frozen=True)
+class WeightedRow:
+    """One scored row as the report lists it: its index in the scored data, its weight, each model's log-prob as
+    the formula reads it (per byte, per token or per sequence, by the normalisation; every model scored, not only
+    the formula's), and the start of its response (None when the data holds no response column)."""
+
+    row: int
+    weight: float
+    log_probs: dict[str, float]
+    response: str | None
+
+
+def extreme_rows(
+    scored: Dataset,
+    weights: np.ndarray,
+    rows: np.ndarray,
+    config: WeightConfig,
+    count: int = EXTREME_ROWS,
+    text_field: str = "text",
+) -> tuple[list[WeightedRow], list[WeightedRow]]:
+    """The `count` highest- and the `count` lowest-weighted of `rows` (ties: the earlier row first); `text_field`
+    holds the response of plain-text data, as `dataset_text_field` in SFTConfig."""
+    highest = rows[np.argsort(-weights[rows], kind="stable")]
+    lowest = rows[np.argsort(weights[rows], kind="stable")]
+    table = scored.with_format("numpy")
+    terms = {}
+    for role in ROLES:
+        length = {"token": tokens_column(role), "byte": RESPONSE_BYTES_COLUMN}.get(config.normalization)
+        if {logprob_column(role), length or logprob_column(role)} <= set(scored.column_names):
+            lengths = None if length is None else table[length]
+            terms[role] = normalized_log_prob(table[logprob_column(role)], lengths, config.normalization)
+
+    def listed(index: int) -> WeightedRow:
+        try:
+            response = response_text(scored[int(index)], text_field)
+        except DatasetFormatError:
+            response = None
+        if response is not None and len(response) > RESPONSE_PREVIEW:
+            response = response[: RESPONSE_PREVIEW - 1] + "…"
+        scores = {role: float(values[index]) for role, values in terms.items()}
+        return WeightedRow(int(index), float(weights[index]), scores, response)
+
+    return [listed(i) for i in highest[:count]], [listed(i) for i in lowest[:count]]
 
 
 def summarize_weights(weights: np.ndarray, lengths: np.ndarray | None = None) -> dict[str, Any]:
@@ -57,8 +116,11 @@ def compare_weights(weights_a, weights_b, threshold: float = 1.0) -> dict[str, A
     }
 
 
-def weight_report(scored: Dataset, config: WeightConfig | None = None, **options) -> dict[str, Any]:
-    """Diagnostics of the weights `config` gives `scored`, over its scored rows, and versus the other formulas."""
+def weight_report(
+    scored: Dataset, config: WeightConfig | None = None, text_field: str = "text", **options
+) -> dict[str, Any]:
+    """Diagnostics of the weights `config` gives `scored`, over its scored rows, and versus the other formulas;
+    `highest_weighted` and `lowest_weighted` list the extreme rows (`WeightedRow`s as dicts)."""
     config = resolve_config(WeightConfig, config, options)
     result = weights_from_scores(scored, config)
     lengths = None
@@ -73,6 +135,11 @@ def weight_report(scored: Dataset, config: WeightConfig | None = None, **options
         **summarize_weights(result.weights[result.scored], lengths),
         "length_unit": "response UTF-8 bytes",
     }
+    highest, lowest = extreme_rows(
+        scored, result.weights, np.flatnonzero(result.scored), config, text_field=text_field
+    )
+    report["highest_weighted"] = [dataclasses.asdict(row) for row in highest]
+    report["lowest_weighted"] = [dataclasses.asdict(row) for row in lowest]
     versus = {}
     for formula in FORMULAS:
         other = dataclasses.replace(config, formula=formula)
@@ -111,7 +178,18 @@ def format_report(report: dict[str, Any]) -> str:
             )
         )
     width = max(len(name) for name, _ in lines)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
+    text = [f"{name:<{width}}  {value}" for name, value in lines]
+    unit = {"byte": "per byte", "token": "per token", "none": "per sequence"}[config["normalization"]]
+    for title, key in (("highest", "highest_weighted"), ("lowest", "lowest_weighted")):
+        text += ["", f"{title} weights (row, weight, log-prob {unit} of each model scored, response):"]
+        text += [_row_line(row) for row in report.get(key, [])]
+    return "\n".join(text)
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    scores = "  ".join(f"{role} {value:+.4g}" for role, value in row["log_probs"].items())
+    response = "" if row["response"] is None else f"  {row['response']!r}"
+    return f"  {row['row']:>6}  {row['weight']:8.4g}  {scores}{response}"
 
 
 def _number(value: float | None) -> str:

@@ -50,13 +50,17 @@ def combine_log_probs(
     """The formula's signed sum of (length-normalised) role log-probs, one value per row."""
     total = None
     for role, sign in FORMULAS[formula].items():
-        term = np.asarray(log_probs[role], dtype=np.float64)
-        if normalization == "token":
-            term = term / np.asarray(tokens[role], dtype=np.float64)
-        elif normalization == "byte":
-            term = term / np.asarray(response_bytes, dtype=np.float64)
+        length = tokens[role] if normalization == "token" else response_bytes
+        term = normalized_log_prob(log_probs[role], length, normalization)
         total = sign * term if total is None else total + sign * term
     return total
+
+
+def normalized_log_prob(log_prob: np.ndarray, length: np.ndarray | None, normalization: str) -> np.ndarray:
+    """One model's log-probs as a formula reads them: per sequence ('none'), or divided by `length`, the model's
+    response token counts ('token') or the response bytes ('byte')."""
+    term = np.asarray(log_prob, dtype=np.float64)
+    return term if normalization == "none" else term / np.asarray(length, dtype=np.float64)
 
 
 @dataclass
