@@ -59,6 +59,7 @@ class ExperimentArguments:
 
 def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
+    from kinfolk.atomic import check_writable
     from kinfolk.console import log_beside, quiet
     from kinfolk.interrupt import keep
     from kinfolk.lab.digests import check_family, record_family
@@ -67,6 +68,7 @@ def build(argv: list[str]) -> int:
     config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
     start = time.perf_counter()
     root = Path(args.cache_dir or default_cache_dir()) / config.cache_key()
+    check_writable(root)  # the cache folder the family is trained into, before the log is opened beside it
     keep(f"every model trained to its end, in {root} (a model stopped while training is trained again)")
     with quiet(log_beside(root), "kinfolk lab build", verbose=args.verbose):
         family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
