@@ -41,7 +41,8 @@ from kinfolk.testing import prompt_completion_dataset
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "reliability.md"
 UNWRITABLE = Path("/proc/kinfolk-matrix")  # procfs refuses new files to every user, root included
-REFUSED = "refused"
+TESTED = "tested"
+NO_LOG = "no side log"
 
 # --- the table -----------------------------------------------------------------------------------------------------
 
@@ -53,7 +54,8 @@ class Output:
     `argv` is the verb's command line writing this output to `{out}` (everything else valid: the `inputs`
     fixture's paths);
     `beside(path)` the files the run creates next to it (side log, reports); `exists` / `overwrite` say what an
-    existing output gets: REFUSED / "swapped", or why the case does not apply; `work` is the attribute whose call
+    existing output gets and `interrupted` the line's log: TESTED, or why the case does not apply (the cell of
+    docs/reliability.md's table); `work` is the attribute whose call
     starts the expensive part; `heavy` maps each heavy case to the test that covers it (`file.py::test`).
     """
 
@@ -63,9 +65,9 @@ class Output:
     argv: str
     work: str
     beside: Callable[[Path], list[Path]] = lambda path: []
-    exists: str = REFUSED
-    overwrite: str = "swapped"
-    logged: bool = True
+    exists: str = TESTED
+    overwrite: str = TESTED
+    interrupted: str = TESTED
     heavy: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -101,6 +103,9 @@ MERGE_HEAVY = {  # every op writes through one writer (`kinfolk.plugins.adapt.ex
     },
     "interpolate": {"truncated inputs": MERGE_CASES},
 }
+CACHE = "n/a (a cache, not a result)"
+REUSED_FAMILIES = "reused: the families trained to their end are loaded"
+AS_OUT = "as for `--out` (the log goes there)"
 SCORE = "score --data {data} --large_base {teacher} --small_base {small} --reference {reference}"
 LAB_CACHE = "--cache_dir {root}/lab-cache"
 
@@ -121,8 +126,7 @@ OUTPUTS: list[Output] = [
     Output(
         "score", "--cache_dir", "score-cache", f"{SCORE} --out {{root}}/scored.jsonl --cache_dir {{out}}",
         "kinfolk.trainers.atlantis.scoring.load_model",
-        exists="reused: a rerun scores only the chunks it lacks", overwrite="n/a (a cache, not a result)",
-        logged=False,
+        exists="reused: a rerun scores only the chunks it lacks", overwrite=CACHE, interrupted=AS_OUT,
     ),
     *(
         Output(f"merge {op}", "--out", op, f"merge {op} {{root}}/{op}.yaml --out {{out}} --no-progress",
@@ -131,13 +135,13 @@ OUTPUTS: list[Output] = [
     ),
     Output(
         "merge delta-cosine", "--out", "cosine.json", "merge delta-cosine {root}/delta-cosine.yaml --out {out}",
-        "kinfolk.plugins.adapt.cosine.delta_cosine", logged=False,
+        "kinfolk.plugins.adapt.cosine.delta_cosine", interrupted=NO_LOG,
     ),
     Output(
         "sft", "--output_dir", "sft-run",
         "sft --model_name_or_path {small} --dataset_name {data} --output_dir {out} --use_peft",
         "kinfolk.commands.sft.launch",
-        overwrite="cleared after the checks, then trained again (checkpoints publish atomically)", logged=False,
+        overwrite="cleared after the checks, then trained again (checkpoints publish atomically)", interrupted=NO_LOG,
         heavy={
             "SIGKILL mid-write": f"{KILL}::test_killed_checkpointing_leaves_whole_checkpoints_and_resumes_bit_exact",
             "SIGTERM": f"{TERM}::test_an_interrupted_sft_says_it_keeps_its_checkpoints_and_resumes_from_the_last",
@@ -175,22 +179,32 @@ OUTPUTS: list[Output] = [
         heavy={"SIGTERM": f"{TERM}::test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_them"},
     ),
     Output(
+        "lab experiment", "--cache_dir", "lab-cache",
+        "lab experiment atlantis --quick --families 1 --out {root}/lab-atlantis --cache_dir {out}",
+        "kinfolk.lab.atlantis_experiment.run_atlantis",
+        exists=REUSED_FAMILIES, overwrite=CACHE, interrupted=AS_OUT,
+    ),
+    Output(
+        "demo", "--cache_dir", "lab-cache", "demo --quick --out {root}/demo --cache_dir {out}",
+        "kinfolk.lab.demo.run_demo", exists=REUSED_FAMILIES, overwrite=CACHE, interrupted=AS_OUT,
+    ),
+    Output(
         "demo", "--out", "demo", f"demo --quick --out {{out}} {LAB_CACHE}", "kinfolk.lab.demo.run_demo",
         beside=lambda path: [path / console.LOG_FILE],
         overwrite="n/a (the stages write into `--out`, so a stopped demo resumes there)",
     ),
     Output(
         "drift", "--out", "drift-report", "drift --target score --method atlas --run atlas 1 {root} --out {out}",
-        "kinfolk.commands.drift.load_run", logged=False,
+        "kinfolk.commands.drift.load_run", interrupted=NO_LOG,
         heavy={"truncated inputs": f"{BAD}::test_drift_refuses_bad_runs_and_options_in_one_line"},
     ),
     Output(
         "churn", "--out", "churn.json", "churn {data} {data} --out {out}", "kinfolk.commands.churn.read_samples",
-        logged=False, heavy={"truncated inputs": f"{BAD}::test_churn_refuses_bad_sample_files_naming_them"},
+        interrupted=NO_LOG, heavy={"truncated inputs": f"{BAD}::test_churn_refuses_bad_sample_files_naming_them"},
     ),
     Output(
         "route", "--out", "routing", "route --outcomes {data} --out {out}",
-        "kinfolk.plugins.adapt.outcomes.read_outcomes", logged=False,
+        "kinfolk.plugins.adapt.outcomes.read_outcomes", interrupted=NO_LOG,
         heavy={"truncated inputs": "test_adapt_routing.py::test_kinfolk_route_refuses_bad_rows_in_one_line_naming_the_file"},
     ),
     Output(
@@ -199,7 +213,7 @@ OUTPUTS: list[Output] = [
         " --output_path {out}",
         "lm_eval.evaluator.simple_evaluate",
         exists="kept: lm-eval adds a results file named by the time", overwrite="n/a (no `--overwrite`)",
-        logged=False,
+        interrupted=NO_LOG,
         heavy={"truncated inputs": f"{BAD}::test_eval_refuses_bad_models_adapters_tasks_and_paths_before_loading"},
     ),
 ]
@@ -215,24 +229,12 @@ def quick_family_key() -> str:
     return LabConfig.quick_config(seed=0).cache_key()
 
 
-def applies(output: Output, case: str) -> bool:
-    if case == "exists":
-        return output.exists == REFUSED
-    if case == "overwrite, run fails":
-        return output.overwrite == "swapped"
-    if case == "interrupted":
-        return output.logged
-    return True
+CASE_FIELDS = {"exists": "exists", "overwrite, run fails": "overwrite", "interrupted": "interrupted"}
 
 
 def cell(output: Output, case: str) -> str:
-    if case == "exists" and output.exists != REFUSED:
-        return output.exists
-    if case == "overwrite, run fails" and output.overwrite != "swapped":
-        return output.overwrite
-    if case == "interrupted" and not output.logged:
-        return "no side log"
-    return "tested"
+    """TESTED, or why `case` does not apply to `output`."""
+    return getattr(output, CASE_FIELDS[case]) if case in CASE_FIELDS else TESTED
 
 
 def matrix_markdown() -> str:
@@ -308,7 +310,7 @@ def block_work(monkeypatch, output: Output, error: BaseException) -> None:
 
 
 def params(case: str):
-    return [pytest.param(output, id=output.label) for output in OUTPUTS if applies(output, case)]
+    return [pytest.param(output, id=output.label) for output in OUTPUTS if cell(output, case) == TESTED]
 
 
 def case_dir(tmp_path: Path, output: Output) -> Path:

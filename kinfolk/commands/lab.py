@@ -98,9 +98,10 @@ def experiment(argv: list[str]) -> int:
     if not argv or argv[0] not in EXPERIMENTS:
         choices = ", ".join(EXPERIMENTS)
         raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
-    from kinfolk.atomic import check_destination
+    from kinfolk.atomic import check_destination, check_writable
     from kinfolk.console import LOG_FILE, quiet
     from kinfolk.interrupt import keep
+    from kinfolk.lab.family import default_cache_dir
     from kinfolk.lab.results_doc import results_markdown
 
     name = argv[0]
@@ -113,6 +114,7 @@ def experiment(argv: list[str]) -> int:
     out = Path(args.out or f"runs/lab-{name}")
     if not out.exists():
         check_destination(out, args.overwrite)  # before the log is opened inside it
+    check_writable(args.cache_dir or default_cache_dir())  # where the families are built, before the log too
     keep(f"every finished family's record and each family's finished runs under {out}")
     with quiet(out / LOG_FILE, f"kinfolk lab experiment {name}", verbose=args.verbose):
         results = getattr(module, runner)(
