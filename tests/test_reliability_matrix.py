@@ -51,12 +51,10 @@ NO_LOG = "no side log"
 class Output:
     """One output path of one verb.
 
-    `argv` is the verb's command line writing this output to `{out}` (everything else valid: the `inputs`
-    fixture's paths);
-    `beside(path)` the files the run creates next to it (side log, reports); `exists` / `overwrite` say what an
-    existing output gets and `interrupted` the line's log: TESTED, or why the case does not apply (the cell of
-    docs/reliability.md's table); `work` is the attribute whose call
-    starts the expensive part; `heavy` maps each heavy case to the test that covers it (`file.py::test`).
+    `argv` is the verb's command line writing this output to `{out}`, everything else valid (the `inputs` fixture's
+    paths); `beside(path)` the files the run creates next to it (side log, reports); `exists`, `overwrite` and
+    `interrupted` are TESTED or why that case does not apply (the cells of docs/reliability.md's table); `work` is
+    the attribute whose call starts the expensive part; `heavy` maps each heavy case to the test that covers it.
     """
 
     verb: str
@@ -79,8 +77,9 @@ class Output:
 
 
 def run_log(path: Path) -> list[Path]:
-    """`kinfolk.console.log_beside`: NAME.run.log beside a file or directory output."""
-    return [console.log_beside(path)]
+    """The side log beside a file or folder output: `scored.jsonl` -> `scored.run.log`, `student/` ->
+    `student.run.log` (the table's names hold no other dot)."""
+    return [path.parent / f"{path.name.split('.')[0]}.run.log"]
 
 
 MERGE_OPS = ("init-student", "delta", "apply-delta", "patch", "interpolate")
