@@ -260,20 +260,32 @@ def check_destination(destination: str | Path, overwrite: bool) -> Path:
 
 
 def check_writable(destination: str | Path) -> Path:
-    """Refuse a destination that cannot be created: the nearest existing ancestor must be a writable directory.
+    """Refuse a destination that cannot be created: the nearest existing ancestor must be a directory that takes a
+    new entry.
 
-    Creates nothing. (Run as root, permission bits do not stop a write; a parent that is a file still does.)
+    Permission bits say no to most users, but not to root, nor about a read-only mount or a file system such as
+    /proc that takes no new files: so an empty staging file of this process is created in that ancestor and
+    removed at once (a writer killed in between leaves it under its own, dead, name for `clean_dead_staging`).
+    Nothing stays behind.
     """
     destination = Path(destination).absolute()
-    ancestor = destination.parent
+    ancestor, first_missing = destination.parent, destination
     while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
+        ancestor, first_missing = ancestor.parent, ancestor
     if not ancestor.is_dir():
         raise OutputNotWritableError(
             f"cannot write {destination}: {ancestor} is a file, not a directory", path=destination
         )
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise OutputNotWritableError(f"cannot write {destination}: {ancestor} is not writable", path=destination)
+    probe = staging_path(first_missing)
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        raise OutputNotWritableError(
+            f"cannot write {destination}: {ancestor} takes no new files ({error.strerror})", path=destination
+        ) from None
+    probe.unlink()
     return destination
 
 

@@ -13,7 +13,11 @@ this module writes to the terminal:
 - `bar(...)`: a tqdm bar on the terminal, at most 100 columns, gone when it closes (one bar at a time);
 - `show(text)`: the result (the headline, where the output is) on standard output;
 - a warning from kinfolk itself (`warnings.warn` in a kinfolk module, or a `kinfolk.*` logger at WARNING and
-  above) once per message, with the rest in the log.
+  above) once per message, whole (wrapped like a stage line: the file it names is never cut), with the rest in
+  the log.
+
+The log is opened only when the block starts: a verb checks its outputs first (`kinfolk.atomic.check_destination`),
+so a refused run never creates it, and names it in an interruption line (`kinfolk.interrupt.log_to`).
 
 With `verbose=True` nothing is redirected (the libraries print as they do without kinfolk) and the stage lines
 still appear. Outside any `quiet` block the helpers print to the process's own streams, so library code can call
@@ -44,7 +48,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from kinfolk.atomic import check_writable
 from kinfolk.errors import InputError
+from kinfolk.interrupt import log_to
 
 WIDTH = 100
 LIBRARY_LOGGERS = ("transformers", "datasets", "lm_eval", "lm-eval", "accelerate", "huggingface_hub", "trl", "peft")
@@ -78,8 +84,7 @@ class Console:
             self.log.write(text + "\n")
             self.log.flush()
 
-    def stage(self, message: str) -> None:
-        prefix = f"[{self.prog} {time.perf_counter() - self.start:6.1f}s] "
+    def _wrapped(self, prefix: str, message: str) -> None:
         lines = textwrap.wrap(
             message,
             WIDTH,
@@ -90,6 +95,9 @@ class Console:
         ) or [prefix]
         self._write(self.err, "\n".join(lines))
 
+    def stage(self, message: str) -> None:
+        self._wrapped(f"[{self.prog} {time.perf_counter() - self.start:6.1f}s] ", message)
+
     def show(self, text: str) -> None:
         """`text` as given (results such as tables are laid out to fit by whoever writes them)."""
         self._write(self.out, text)
@@ -98,7 +106,7 @@ class Console:
         first_line = message.strip().splitlines()[0] if message.strip() else message
         if first_line not in self._warned:
             self._warned.add(first_line)
-            self._write(self.err, textwrap.shorten(f"warning: {first_line}", WIDTH))
+            self._wrapped("warning: ", first_line)
 
     def bar(self, **kwargs: Any):
         from tqdm.auto import tqdm
@@ -246,7 +254,9 @@ def log_beside(out: str | Path) -> Path:
 
 @contextlib.contextmanager
 def _routed(log_path: Path, prog: str, terminal: TextIO | None, terminal_err: TextIO | None) -> Iterator[Console]:
+    check_writable(log_path)  # the verb checked its outputs; a log elsewhere is refused by name, not a traceback
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_to(log_path)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

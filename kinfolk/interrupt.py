@@ -6,11 +6,17 @@ Stopping at once is safe because every kinfolk output is whole or absent (`kinfo
 blocks remove the staging, and what stays on disk is exactly what a rerun uses (the score cache's chunks, the
 lab's trained models and finished families, the trainers' published checkpoints). Further signals while that
 cleanup runs are ignored. A verb states what its interruption keeps with `keep(...)` before its long work;
-`kinfolk.commands.run` installs the handlers (`catch_signals`) and prints the line (`interrupted_line`).
+`kinfolk.commands.run` installs the handlers (`catch_signals`) and prints the line (`interrupted_line`), which
+names the run's side log when one was opened (`kinfolk.console.quiet` reports it with `log_to`): what the
+libraries said before the signal is there.
 
 >>> keep("the score cache: every chunk scored so far")
 >>> interrupted_line("kinfolk score", Interrupted(15), ["score", "--data", "d.jsonl", "--out", "s.jsonl"])
 'kinfolk score: stopped by SIGTERM; kept: the score cache: every chunk scored so far; resume: kinfolk score --data d.jsonl --out s.jsonl'
+>>> log_to("s.run.log")
+>>> interrupted_line("kinfolk score", Interrupted(15), ["score"]).split("; ")[2:]
+['log: s.run.log', 'resume: kinfolk score']
+>>> start_run()
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LAUNCHED_ENV = "KINFOLK_LAUNCHED"  # set in the processes `accelerate launch` starts for a verb
@@ -45,9 +52,20 @@ class _Kept:
 
     description: str = NOTHING_PARTIAL
     resume: Callable[[list[str]], list[str]] | None = None
+    log: Path | None = None  # the side log the verb opened, if any
 
 
 _kept = _Kept()
+
+
+def start_run() -> None:
+    """Forget what an earlier verb in this process declared: nothing is kept and no log is open yet."""
+    _kept.description, _kept.resume, _kept.log = NOTHING_PARTIAL, None, None
+
+
+def log_to(path: str | Path) -> None:
+    """Name the running verb's side log in its interruption line (`kinfolk.console.quiet` calls this)."""
+    _kept.log = Path(path)
 
 
 def keep(description: str, resume: Callable[[list[str]], list[str]] | None = None) -> None:
@@ -70,7 +88,8 @@ def interrupted_line(prog: str, error: KeyboardInterrupt, argv: list[str]) -> st
     """The one line an interrupted verb prints: the signal, what is kept and the command that resumes."""
     name = signal.Signals(getattr(error, "signum", signal.SIGINT)).name
     rerun = _kept.resume(list(argv)) if _kept.resume else list(argv)
-    return f"{prog}: stopped by {name}; kept: {_kept.description}; resume: kinfolk {shlex.join(rerun)}"
+    log = f"; log: {_kept.log}" if _kept.log is not None else ""  # before the command, which stays last to copy
+    return f"{prog}: stopped by {name}; kept: {_kept.description}{log}; resume: kinfolk {shlex.join(rerun)}"
 
 
 def exit_code(error: KeyboardInterrupt) -> int:

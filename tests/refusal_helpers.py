@@ -61,10 +61,12 @@ def assert_command_refused(
     destination: str | Path | None = None,
     inputs: Iterable[str | Path] = (),
     run: Callable[[list[str]], int] | None = None,
+    beside: Iterable[str | Path] = (),
 ) -> str:
     """Run `kinfolk ARGV` in this process (or `run(argv)`), expecting exit 2 and, on stderr, one line
     `kinfolk VERB: error: ...` naming each of `named` and no traceback; nothing written at (or beside) the
-    destination and the inputs untouched. Returns the error line."""
+    destination, none of the side files `beside` (a side log, a report) created and the inputs untouched. Returns
+    the error line."""
     from kinfolk.commands import main
 
     argv = [str(argument) for argument in argv]
@@ -86,5 +88,7 @@ def assert_command_refused(
     for name in named:
         assert str(name) in errors[0], f"{name!r} not named in: {errors[0]}"
     _assert_nothing_at(destination)
+    created = [str(path) for path in beside if Path(path).exists()]
+    assert created == [], f"side files created: {created}"
     assert snapshot(inputs) == before, "an input was modified"
     return errors[0]

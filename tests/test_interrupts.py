@@ -152,7 +152,7 @@ def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_
     line = text.strip().splitlines()[-1]
     assert line == (
         f"kinfolk lab: stopped by SIGTERM; kept: every finished family's record and each family's "
-        f"finished runs under {out}; resume: kinfolk {shlex.join(argv)}"
+        f"finished runs under {out}; log: {out / 'run.log'}; resume: kinfolk {shlex.join(argv)}"
     )
     assert sorted(path.name for path in (out / "families").glob("*.json")) == ["0.json"]
     status, text = in_process(argv)
@@ -262,7 +262,7 @@ def test_an_interrupted_lab_build_keeps_the_trained_models_and_resumes_after_the
     assert status == 143, text
     assert text.strip().splitlines()[-1] == (
         f"kinfolk lab: stopped by SIGTERM; kept: every model trained to its end, in {root} (a model stopped while "
-        f"training is trained again); resume: kinfolk {shlex.join(argv)}"
+        f"training is trained again); log: {cache / (root.name + '.run.log')}; resume: kinfolk {shlex.join(argv)}"
     )
     assert sorted(path.name for path in root.iterdir() if (path / "config.json").exists()) == [
         "large_base",

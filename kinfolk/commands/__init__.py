@@ -31,7 +31,7 @@ from collections.abc import Callable
 from kinfolk import __version__
 from kinfolk.diskspace import DiskFullError, is_disk_full
 from kinfolk.errors import InputError, cli_spelling
-from kinfolk.interrupt import LAUNCHED_ENV, NOTHING_PARTIAL, catch_signals, exit_code, interrupted_line, keep
+from kinfolk.interrupt import LAUNCHED_ENV, catch_signals, exit_code, interrupted_line, start_run
 from kinfolk.process_group import end_process_group
 
 # verb -> (module with `main(argv) -> int`, one-line help)
@@ -82,7 +82,7 @@ def run(prog: str, call: Callable[[], int | None], debug: bool = False, argv: li
     rank of `kinfolk sft` or `kinfolk distil`) that succeeded ends its process group before it returns.
     """
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    keep(NOTHING_PARTIAL)
+    start_run()
     try:
         # hints in errors name the flags the user types, not keyword arguments
         with catch_signals(), cli_spelling():

@@ -36,16 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = VerbParser(DemoArguments, prog="kinfolk demo", description=__doc__.split("\n\n")[0]).parse(argv)
     import torch
 
-    from kinfolk.atomic import check_destination
+    from kinfolk.atomic import check_destination, check_writable
     from kinfolk.console import LOG_FILE, quiet
     from kinfolk.interrupt import keep, with_flag
     from kinfolk.lab.demo.pipeline import DemoConfig, run_demo
-    from kinfolk.lab.world.family import FamilyBelowThreshold
+    from kinfolk.lab.world.family import FamilyBelowThreshold, default_cache_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)
     config = DemoConfig.quick_config(seed=args.seed) if args.quick else DemoConfig(seed=args.seed)
     out = check_destination(args.out, args.overwrite)
+    check_writable(args.cache_dir or default_cache_dir())  # the family is built there; checked before the log opens
     keep(f"the lab family's cache and the finished stages' models and records under {out}", with_flag("--overwrite"))
     try:
         with quiet(out / LOG_FILE, "kinfolk demo", verbose=args.verbose):

@@ -59,6 +59,7 @@ class ExperimentArguments:
 
 def build(argv: list[str]) -> int:
     (args,) = VerbParser(BuildArguments, prog="kinfolk lab build").parse(argv)
+    from kinfolk.atomic import check_writable
     from kinfolk.console import log_beside, quiet
     from kinfolk.interrupt import keep
     from kinfolk.lab.world.digests import check_family, record_family
@@ -67,6 +68,7 @@ def build(argv: list[str]) -> int:
     config = LabConfig.quick_config(seed=args.seed) if args.quick else LabConfig(seed=args.seed)
     start = time.perf_counter()
     root = Path(args.cache_dir or default_cache_dir()) / config.cache_key()
+    check_writable(root)  # the cache folder the family is trained into, before the log is opened beside it
     keep(f"every model trained to its end, in {root} (a model stopped while training is trained again)")
     with quiet(log_beside(root), "kinfolk lab build", verbose=args.verbose):
         family = build_family(config, cache_dir=args.cache_dir, force=args.force, allow_failed=True)
@@ -96,10 +98,11 @@ def experiment(argv: list[str]) -> int:
     if not argv or argv[0] not in EXPERIMENTS:
         choices = ", ".join(EXPERIMENTS)
         raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
-    from kinfolk.atomic import check_destination
+    from kinfolk.atomic import check_destination, check_writable
     from kinfolk.console import LOG_FILE, quiet
     from kinfolk.interrupt import keep
     from kinfolk.lab.demo.results_page import results_markdown
+    from kinfolk.lab.world.family import default_cache_dir
 
     name = argv[0]
     module_name, settings_class, runner = EXPERIMENTS[name]
@@ -111,6 +114,7 @@ def experiment(argv: list[str]) -> int:
     out = Path(args.out or f"runs/lab-{name}")
     if not out.exists():
         check_destination(out, args.overwrite)  # before the log is opened inside it
+    check_writable(args.cache_dir or default_cache_dir())  # where the families are built, before the log too
     keep(f"every finished family's record and each family's finished runs under {out}")
     with quiet(out / LOG_FILE, f"kinfolk lab experiment {name}", verbose=args.verbose):
         results = getattr(module, runner)(

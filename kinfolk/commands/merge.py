@@ -17,6 +17,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
+from kinfolk.atomic import check_destination
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.console import log_beside, quiet
 from kinfolk.errors import InputError
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args, positional = make_parser(argv).parse(argv)
     if args.out is None and not args.dry_run:
         raise InputError("--out is required (or pass --dry-run)")
+    if not args.dry_run:  # before the config's inputs are read, and before the log is opened beside it
+        check_destination(args.out, args.overwrite)
     config = load_config(positional.op, positional.config_file)
     if isinstance(config, DeltaCosineConfig):
         return cosine(args, config)

@@ -37,6 +37,7 @@ from typing import Any
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments
 
+from kinfolk.atomic import check_writable
 from kinfolk.commands.launching import (
     check_launch_arguments,
     check_resume_checkpoint,
@@ -147,7 +148,6 @@ def check_inputs(script_args, training_args, model_args) -> None:
     """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
     an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
     `--resume_from_checkpoint` directory that is not there (for "true": no checkpoint in `--output_dir`)."""
-    from kinfolk.atomic import check_writable
     from kinfolk.inputs import check_model
 
     if model_args.model_name_or_path is None:
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     output_options = next((group for group in parsed if isinstance(group, OutputArguments)), OutputArguments())
     check_output_dir(output_options, training_args)
     output_dir = Path(training_args.output_dir)
+    check_writable(output_dir / "checkpoint")  # here, before any process starts; `check_inputs` runs in each
     adapter = parsed[2].use_peft or any(getattr(group, "use_atlas", False) for group in parsed)
     needed = full_fine_tuning_bytes(parsed[2].model_name_or_path, training_args) if not adapter else None
     if needed is not None:

@@ -3,9 +3,11 @@
 A cache directory is named by `fingerprint(model, dataset, template, run options)`; each chunk of rows is one
 `.npz` written atomically, so a killed run leaves only whole chunks and the next run computes only the chunks
 that are missing. Processes of a multi-process run each write their own chunks into the same directory.
-Opening a cache removes the staging files of writers that died; a chunk that cannot be read back (truncated by a
-full disk or a copy, or holding other rows than the plan's) is discarded with a warning naming it, and its rows
-are scored again.
+Each chunk records the fingerprint of what it was computed from (the cache's key, its number and its rows).
+Opening a cache removes the staging files of writers that died; a chunk that cannot be used is discarded with a
+warning naming its number, its file and the rows scored again, and only those rows are scored again: one that
+cannot be read back (truncated by a full disk or a copy), holds other rows than the plan's, or whose fingerprint
+is not this cache's (a chunk copied in from another model's or dataset's cache).
 
 >>> import tempfile, numpy as np
 >>> cache = ScoreCache(tempfile.mkdtemp(), "0123abcd", {"role": "small_base"})
@@ -98,6 +100,7 @@ class ScoreCache:
     """Chunks of one model's scores on one dataset: `write(k, rows=..., logprob=..., tokens=...)`, `read(k)`."""
 
     def __init__(self, root: str | Path, key: str, meta: dict[str, Any]):
+        self.key = key
         self.directory = Path(root) / key
         self.directory.mkdir(parents=True, exist_ok=True)
         clean_dead_staging(self.directory)  # once here, rather than beside each chunk written
@@ -108,6 +111,10 @@ class ScoreCache:
     def _path(self, chunk: int) -> Path:
         return self.directory / f"chunk-{chunk:06d}.npz"
 
+    def inputs_fingerprint(self, chunk: int, rows: Sequence[int]) -> str:
+        """What chunk `chunk` of `rows` is computed from: this cache's key (model, data, template, options)."""
+        return fingerprint(self.key, chunk, sorted(int(row) for row in rows))
+
     def read(self, chunk: int, expected_rows: Sequence[int] | None = None) -> dict[str, np.ndarray] | None:
         """The chunk's arrays, or None when it is not cached or unusable (then it is deleted, with a warning)."""
         path = self._path(chunk)
@@ -117,28 +124,51 @@ class ScoreCache:
             with np.load(path) as stored:
                 arrays = {name: stored[name] for name in stored.files}
             problem = _chunk_problem(arrays, expected_rows)
+            if problem is None:
+                problem = self._fingerprint_problem(chunk, arrays)
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as error:
-            problem = f"it cannot be read ({type(error).__name__}: {error})"
+            problem = f"cannot be read back, truncated or damaged ({type(error).__name__}: {error})"
         if problem is None:
             return arrays
-        logger.warning("score cache chunk %s is unusable: %s; discarding it and scoring its rows again", path, problem)
+        rows = "" if expected_rows is None else f" ({_rows_preview(expected_rows)})"
+        logger.warning(
+            "score cache chunk %d (%s) %s; discarding it and scoring its rows again%s", chunk, path, problem, rows
+        )
         path.unlink(missing_ok=True)
         return None
 
+    def _fingerprint_problem(self, chunk: int, arrays: dict[str, np.ndarray]) -> str | None:
+        expected = self.inputs_fingerprint(chunk, arrays["rows"])
+        if "inputs" not in arrays:
+            return "records no fingerprint of its inputs (written by an older kinfolk)"
+        if str(arrays["inputs"]) != expected:
+            return (
+                f"was computed from other inputs (its fingerprint {arrays['inputs']} is not this cache's {expected})"
+            )
+        return None
+
     def write(self, chunk: int, **arrays: np.ndarray) -> None:
+        inputs = np.str_(self.inputs_fingerprint(chunk, arrays["rows"]))
         with atomic_file(self._path(chunk), mode="wb", clean=False) as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, inputs=inputs, **arrays)
 
     def completed(self) -> list[int]:
         """Chunks on disk (not checked: `read` checks each)."""
         return sorted(int(path.stem.split("-")[1]) for path in self.directory.glob("chunk-*.npz"))
 
 
+def _rows_preview(rows: Sequence[int], shown: int = 8) -> str:
+    """`3 rows: [1, 4, 9]`, the first `shown` of longer lists followed by `...`."""
+    ordered = sorted(int(row) for row in rows)
+    listed = ", ".join(map(str, ordered[:shown])) + (", ..." if len(ordered) > shown else "")
+    return f"{len(ordered)} row{'s' * (len(ordered) != 1)}: [{listed}]"
+
+
 def _chunk_problem(arrays: dict[str, np.ndarray], expected_rows: Sequence[int] | None) -> str | None:
     if not {"rows", "logprob"} <= set(arrays):
-        return f"it lacks rows / logprob (holds {sorted(arrays)})"
+        return f"cannot be read back: it lacks rows / logprob (holds {sorted(arrays)})"
     if arrays["rows"].shape != arrays["logprob"].shape:
-        return f"it has {arrays['rows'].shape} rows but {arrays['logprob'].shape} log-probs"
+        return f"cannot be read back: it has {arrays['rows'].shape} rows but {arrays['logprob'].shape} log-probs"
     if expected_rows is not None and sorted(arrays["rows"].tolist()) != sorted(int(row) for row in expected_rows):
-        return "it holds other rows than this run's plan"
+        return "holds other rows than this run's plan"
     return None
