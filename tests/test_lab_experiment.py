@@ -1,10 +1,8 @@
 """The ATLANTIS experiment: estimands by hand, endpoints from a hand-made record, the families runner (resume,
-protocol format, intervals that `../shared/tools/check_results.py` reproduces), and one micro family end to end."""
+protocol format, results that the protocol's checker `kinfolk lab check` passes), and one micro family end to end."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,9 +20,8 @@ from kinfolk.lab.methods.atlantis import (
     oracle_weights,
 )
 from kinfolk.lab.methods.replication import Endpoint, run_families
+from kinfolk.lab.protocol.checks import check_results
 from kinfolk.stats import t_interval
-
-CHECK_RESULTS = Path(__file__).resolve().parents[2] / "shared" / "tools" / "check_results.py"
 
 
 def test_estimands_by_hand():
@@ -104,9 +101,8 @@ def test_run_families_resumes_and_writes_the_protocol_format(tmp_path, monkeypat
     calls.clear()
     run_families(*args, {"steps": 2}, progress=False)  # other settings: nothing is reused
     assert calls == [0, 1, 2, 3, 4]
-    if CHECK_RESULTS.exists():  # the protocol's own checker agrees with the file
-        check = subprocess.run([sys.executable, CHECK_RESULTS, tmp_path / "out" / "results.json"], capture_output=True)
-        assert check.returncode == 0, check.stdout
+    check = check_results(tmp_path / "out" / "results.json")  # the protocol's own checker agrees with the file
+    assert check.kind == "protocol-1" and check.passed, check.lines()
 
 
 def test_an_endpoint_undefined_in_a_family_is_reported_without_an_interval(tmp_path, monkeypatch):
@@ -130,24 +126,8 @@ def test_an_endpoint_undefined_in_a_family_is_reported_without_an_interval(tmp_p
     assert entry["mean"] == pytest.approx(0.2) and entry["favours_method"] == 3 and entry["ci95"] is None
     row = endpoint_table(results).splitlines()[-1]
     assert "values only (3 families; undefined in 2)" in row and "n/a" in row and "3 of 3" in row
-    if CHECK_RESULTS.exists():
-        check = subprocess.run([sys.executable, CHECK_RESULTS, tmp_path / "out" / "results.json"], capture_output=True)
-        assert check.returncode == 0, check.stdout
-
-
-def test_committed_results_follow_the_protocol():
-    results_dir = Path(__file__).resolve().parents[1] / "docs" / "results"
-    committed = sorted(p for p in results_dir.glob("*.json") if not p.name.endswith(".plan.json"))
-    if not committed or not CHECK_RESULTS.exists():
-        pytest.skip("no committed results or no protocol checker here")
-    check = subprocess.run([sys.executable, CHECK_RESULTS, *committed], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
-    for path in committed:
-        data = json.loads(path.read_text())
-        for name, entry in data["endpoints"].items():
-            if entry.get("ci95"):
-                interval = t_interval(entry.get("per_unit", entry.get("per_family")))
-                assert entry["ci95"] == pytest.approx([interval.low, interval.high], abs=1e-6), name
+    check = check_results(tmp_path / "out" / "results.json")
+    assert check.kind == "protocol-1" and check.passed, check.lines()
 
 
 def test_one_micro_family_runs_every_cell_and_control(tmp_path):

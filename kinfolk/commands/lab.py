@@ -1,8 +1,12 @@
 """`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
 families (`atlantis`: `kinfolk.lab.methods.atlantis`, `atlas`: `kinfolk.lab.methods.atlas`, `adapt`:
-`kinfolk.lab.methods.adapt`, each with its settings dataclass's options).
+`kinfolk.lab.methods.adapt`, each with its settings dataclass's options); `kinfolk lab check [FILE ...]`: committed results
+against the rules of `docs/protocol.md` (`kinfolk.lab.protocol.checks`).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
+`check` checks the named results files, or with none every results file of `--results_dir` (default
+`docs/results` of the checkout it runs in, legacy records included): one line per file that passes, one line per
+broken rule (file, endpoint, rule) otherwise, and exit 2 when any rule is broken.
 """
 
 from __future__ import annotations
@@ -131,7 +135,32 @@ def experiment(argv: list[str]) -> int:
     return 0
 
 
-ACTIONS = {"build": build, "experiment": experiment}
+@dataclass
+class CheckArguments:
+    results_dir: str = field(
+        default="docs/results",
+        metadata={"help": "With no FILE: check every results file here and in its legacy/ folder (plans excluded)."},
+    )
+
+
+def check(argv: list[str]) -> int:
+    from kinfolk.lab.protocol.checks import check_results, results_files
+
+    parser = VerbParser(
+        CheckArguments, prog="kinfolk lab check", description="Check results against docs/protocol.md."
+    )
+    parser.add_argument("files", nargs="*", metavar="FILE", help="results JSON files (default: see --results_dir)")
+    args, named = parser.parse(argv)
+    files = [Path(f) for f in named.files] or results_files(args.results_dir)
+    if not files:
+        raise InputError(f"{args.results_dir}: no results files here (run in a kinfolk checkout, or name FILEs)")
+    checks = [check_results(f) for f in files]
+    for result in checks:
+        print("\n".join(result.lines()))
+    return 0 if all(result.passed for result in checks) else 2
+
+
+ACTIONS = {"build": build, "experiment": experiment, "check": check}
 
 
 HELP = ("-h", "--help")
