@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer, TrlParser
 
 import kinfolk  # noqa: F401  (registers the ATLAS PEFT type)
-from kinfolk.plugins.atlas.arguments import AtlasArguments
+from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.plugins.atlas_comparators import corda_kpm_model, matching_lora_config
 
 METHODS = ("atlas", "lora", "corda_kpm")

@@ -2,7 +2,8 @@
 
 SmolLM2 (Llama, 30 layers, tied head) and Gemma 3 270M (18 layers, sliding / full attention `layer_types`, tied
 head): a boomerang student (every other layer and the last), the teacher rebuilt from it by patching every
-block, and a half-patched intermediate size that unties the head, all loaded and generating.
+block, and a back-to-front half patch (student embeddings, teacher head): still tied while the student keeps the
+teacher's embeddings, untied once they moved, checked against the loaded weights, all loaded and generating.
 
 Qwen2.5-Coder-0.5B (Qwen2, 24 layers, untied head, ~2.5 GB in fp32): a 12-layer ADAPT student, its whole family
 from `kinfolk merge patch --all` (the full size is the teacher, tensor for tensor; a middle size generates), and
@@ -36,13 +37,36 @@ def greedy(directory, tokenizer, tokens=6):
     return output[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
-def test_boomerang_family_of_a_real_checkpoint(real_model_dir, tmp_path, name):
-    teacher = real_model_dir(name)
+def embeddings_and_head(directory):
+    """The input embedding matrix and the LM head's own matrix as transformers loads them (the head is None where
+    the model ties it to the embeddings: one tensor serves both)."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    embeddings, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return embeddings.detach(), None if head is embeddings else head.detach()
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma-3-270m"])
+def boomerang_student(request, real_model_dir, tmp_path_factory):
+    """(teacher, boomerang student: every other layer and the last, its embeddings the teacher's) of a real
+    checkpoint with a tied head; the student is made once for the tests of its model."""
+    teacher = real_model_dir(request.param)
+    student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2, "last": 1}},
+                    tmp_path_factory.mktemp(request.param) / "student", progress=False)  # fmt: skip
+    return teacher, student
+
+
+def half_patch(teacher, student, out):
+    """The back-to-front half patch: the student's first half (its embeddings) and the teacher's last blocks (its
+    head)."""
+    num_patched = LayerMap.load(student).num_student_layers // 2
+    return merge({"op": "patch", "teacher": str(teacher), "student": str(student), "order": "back-to-front",
+                  "num_patched": num_patched}, out, progress=False)  # fmt: skip
+
+
+def test_boomerang_family_of_a_real_checkpoint(boomerang_student, tmp_path):
+    teacher, student = boomerang_student
     config = AutoConfig.from_pretrained(teacher)
     layers = config.get_text_config().num_hidden_layers
-    student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2, "last": 1}},
-                    tmp_path / "student", progress=False)  # fmt: skip
     layer_map = LayerMap.load(student)
     assert layer_map.kept_layers == sorted({*range(0, layers, 2), layers - 1})
     student_config = AutoConfig.from_pretrained(student)
@@ -56,16 +80,47 @@ def test_boomerang_family_of_a_real_checkpoint(real_model_dir, tmp_path, name):
     for tensor in original.names():
         assert torch.equal(rebuilt.get(tensor), original.get(tensor)), tensor
 
-    half = merge({"op": "patch", "teacher": str(teacher), "student": str(student), "order": "back-to-front",
-                  "num_patched": layer_map.num_student_layers // 2}, tmp_path / "half", progress=False)  # fmt: skip
-    half_config = AutoConfig.from_pretrained(half)
-    assert half_config.tie_word_embeddings is False  # student embeddings, teacher head
-    assert layer_map.num_student_layers < half_config.get_text_config().num_hidden_layers < layers
-
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     assert greedy(whole, tokenizer) == greedy(teacher, tokenizer)
-    for directory in (student, half):
-        assert len(greedy(directory, tokenizer, tokens=4)) == 4
+    assert len(greedy(student, tokenizer, tokens=4)) == 4
+
+
+def test_half_patch_keeps_the_head_tied_when_the_student_kept_the_teachers_embeddings(boomerang_student, tmp_path):
+    teacher, student = boomerang_student
+    teacher_embeddings, teacher_head = embeddings_and_head(teacher)
+    student_embeddings, student_head = embeddings_and_head(student)
+    assert teacher_head is None and student_head is None  # both tied
+    assert torch.equal(student_embeddings, teacher_embeddings)  # an init student keeps the teacher's embeddings
+
+    half = half_patch(teacher, student, tmp_path / "half")
+    half_config = AutoConfig.from_pretrained(half)
+    teacher_layers = AutoConfig.from_pretrained(teacher).get_text_config().num_hidden_layers
+    assert LayerMap.load(student).num_student_layers < half_config.get_text_config().num_hidden_layers < teacher_layers
+    assert half_config.tie_word_embeddings is True
+    assert "lm_head.weight" not in TensorReader(half).names()  # no untied copy of the head is written
+    half_embeddings, half_head = embeddings_and_head(half)
+    assert half_head is None
+    assert torch.equal(half_embeddings, teacher_embeddings)  # so the tied head is the teacher's head, exactly
+    assert len(greedy(half, AutoTokenizer.from_pretrained(teacher), tokens=4)) == 4
+
+
+def test_half_patch_unties_the_head_when_the_students_embeddings_moved(boomerang_student, tmp_path):
+    teacher, student = boomerang_student
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    moved = distilled_copy(student, tmp_path / "moved", tokenizer, seed=7)  # every weight moved, embeddings too
+    teacher_embeddings, teacher_head = embeddings_and_head(teacher)
+    moved_embeddings, moved_head = embeddings_and_head(moved)
+    assert teacher_head is None and moved_head is None  # both tied
+    assert not torch.equal(moved_embeddings, teacher_embeddings)
+
+    half = half_patch(teacher, moved, tmp_path / "half")
+    assert AutoConfig.from_pretrained(half).tie_word_embeddings is False
+    assert "lm_head.weight" in TensorReader(half).names()
+    half_embeddings, half_head = embeddings_and_head(half)
+    assert half_head is not None
+    assert torch.equal(half_embeddings, moved_embeddings)  # the front (embeddings) is the student's
+    assert torch.equal(half_head, teacher_embeddings)  # the back (head) is the teacher's tied matrix
+    assert len(greedy(half, tokenizer, tokens=4)) == 4
 
 
 def test_distillation_loss_on_a_real_pair_matches_full_logits(real_model_dir, tmp_path):

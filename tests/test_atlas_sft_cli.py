@@ -9,7 +9,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from kinfolk.commands import sft as sft_cli
-from kinfolk.plugins.atlas.arguments import AtlasArguments
+from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer, TrlParser
 
+from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
-from kinfolk.plugins.atlas.arguments import AtlasArguments
 from kinfolk.plugins.atlas.layer import ATLAS_BUFFERS
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 from kinfolk.tokens import sft_tokenize

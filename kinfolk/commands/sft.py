@@ -49,11 +49,11 @@ from kinfolk.commands.launching import (
     say_resumed,
 )
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.commands.sft_atlas_options import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, OutputExistsError
 from kinfolk.interrupt import keep
-from kinfolk.plugins.atlas.arguments import AtlasArguments, sft_check, sft_peft_config, sft_prepare
 from kinfolk.process_group import end_training
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 
