@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapt_helpers import distilled_copy, init_student
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -24,7 +25,7 @@ from kinfolk.plugins.adapt import (
 )
 from kinfolk.plugins.adapt import execute as execute_module
 from kinfolk.tensors import INDEX_FILE, TensorReader
-from kinfolk.testing import ARCHITECTURES, build_model, perturbed_copy, save_model
+from kinfolk.testing import ARCHITECTURES, build_model, save_model
 
 
 def tensors(directory):
@@ -36,20 +37,6 @@ def assert_same_tensors(left, right):
     for name in left:
         assert left[name].dtype == right[name].dtype, name
         assert torch.equal(left[name], right[name]), name
-
-
-def init_student(teacher, out, **layers):
-    return merge({"op": "init-student", "teacher": str(teacher), "layers": layers}, out, progress=False)
-
-
-def distilled_copy(student_dir, out, tokenizer, seed=7, dtype=None):
-    """A stand-in for a distilled student: the init with seeded noise on every weight, its layer map kept."""
-    model = perturbed_copy(AutoModelForCausalLM.from_pretrained(student_dir), scale=0.02, seed=seed)
-    if dtype is not None:
-        model = model.to(dtype)
-    save_model(model, tokenizer, out)
-    LayerMap.load(student_dir).save(out)
-    return out
 
 
 @pytest.fixture(scope="module")

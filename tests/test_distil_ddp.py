@@ -13,29 +13,15 @@ from two_processes import accelerate, accelerate_flags, run
 from yaml import safe_dump
 
 from kinfolk.commands.distil import DISTILLED, INIT, DistilArguments, distil
-from kinfolk.plugins.adapt import LayerMap, merge
-from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
+from kinfolk.testing import prompt_completion_dataset, text_dataset
 from kinfolk.trainers import LayerDistillationConfig
 
 JOB = Path(__file__).with_name("distil_ddp_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_kit, tmp_path_factory):
-    """A 4-layer teacher and its 2-layer student, perturbed so that the KL and cosine terms are far from zero."""
-    root = tmp_path_factory.mktemp("distil-ddp")
-    teacher = tiny_kit.model_dir("llama", "large")
-    init = merge({"op": "init-student", "teacher": str(teacher), "layers": {"layers": [0, 2]}}, root / "init",
-                 progress=False)  # fmt: skip
-    student = perturbed_copy(AutoModelForCausalLM.from_pretrained(init), scale=0.05, seed=3)
-    save_model(student, tiny_kit.tokenizer(), root / "student")
-    LayerMap.load(init).save(root / "student")
-    return str(teacher), str(root / "student"), root
-
-
-def test_two_processes_give_the_losses_and_student_of_one_process(pair):
-    teacher, student, root = pair
+def test_two_processes_give_the_losses_and_student_of_one_process(distil_pair):
+    teacher, student, root = distil_pair
     (root / "ddp").mkdir()
     accelerate(JOB, teacher, student, str(root / "ddp"))
     ranks = [torch.load(root / "ddp" / f"rank{rank}.pt") for rank in (0, 1)]
@@ -69,8 +55,8 @@ def test_two_processes_give_the_losses_and_student_of_one_process(pair):
         assert moved > len(expected) // 2
 
 
-def test_kinfolk_distil_under_two_processes_gives_the_one_process_student(tiny_kit, pair, tmp_path):
-    teacher, _, _ = pair
+def test_kinfolk_distil_under_two_processes_gives_the_one_process_student(tiny_kit, distil_pair, tmp_path):
+    teacher, _, _ = distil_pair
     text_dataset(8, seed=1).to_json(tmp_path / "pretraining.jsonl")
     prompt_completion_dataset(8).to_json(tmp_path / "sft.jsonl")
     training = {key: value for key, value in OPTIONS.items() if key != "disable_tqdm"}

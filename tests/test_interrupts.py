@@ -25,11 +25,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from datasets import Dataset
-from test_kill_and_resume import ENVIRONMENT, JOBS, assert_same_files, patch_setup, score_setup, staging_left
+from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 
 from kinfolk.atomic import staging_owner
 
-__all__ = ["patch_setup", "score_setup"]  # module fixtures shared with the SIGKILL tests
 EXIT = {"SIGTERM": 143, "SIGINT": 130}
 
 

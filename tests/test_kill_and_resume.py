@@ -7,7 +7,6 @@ nothing behind, and its result equals an uninterrupted run's. Also: how much wor
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -17,17 +16,13 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from refusal_helpers import snapshot
-from test_adapt_merge import init_student
+from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import ScoreConfig, score_dataset, score_model
+from kinfolk.trainers.atlantis import ScoreConfig, score_model
 from kinfolk.trainers.atlantis import scoring as scoring_module
-
-JOBS = Path(__file__).with_name("kill_jobs.py")
-ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_job(tmp_path, job: str, arguments: dict, *kill: str, launcher: tuple[str, ...] = ()) -> int:
@@ -44,31 +39,7 @@ def run_job(tmp_path, job: str, arguments: dict, *kill: str, launcher: tuple[str
     return done.returncode
 
 
-def staging_left(directory: Path) -> list[str]:
-    return sorted(path.name for path in directory.iterdir() if staging_owner(path) is not None)
-
-
-def assert_same_files(left: Path, right: Path) -> None:
-    assert {Path(p).relative_to(left) for p in snapshot([left])} == {
-        Path(p).relative_to(right) for p in snapshot([right])
-    }
-    for path in left.rglob("*"):
-        if path.is_file():
-            assert path.read_bytes() == (right / path.relative_to(left)).read_bytes(), path
-
-
 # --- merge patch --all ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def patch_setup(tiny_kit, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill-merge")
-    teacher = tiny_kit.model_dir("qwen3", "large")
-    student = init_student(teacher, root / "s", every=2)
-    config = {"op": "patch", "teacher": str(teacher), "student": str(student), "max_shard_size": "30KB"}
-    reference = merge(config, root / "reference", all_sizes=True, progress=False)
-    old = merge({**config, "num_patched": 1}, root / "old", progress=False)  # what an overwrite replaces
-    return {"config": config, "reference": reference, "old": old}
 
 
 MERGE_KILLS = {
@@ -109,18 +80,6 @@ def test_killed_patch_all_leaves_a_whole_or_no_output_and_the_rerun_cleans_up(pa
 
 
 # --- scoring --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def score_setup(tiny_kit, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill-score")
-    family = tiny_kit.family("qwen2")
-    data = root / "data"
-    prompt_completion_dataset(40, seed=5).save_to_disk(str(data))
-    models = {"large_base": str(family["large_base"]), "small_base": str(family["small_base"])}
-    options = {"chunk_rows": 4}  # 10 chunks per model, so kills land inside a model's pass
-    reference = score_dataset(Dataset.load_from_disk(str(data)), **models, use_cache=False, **options)
-    return {"data": str(data), "models": models, "options": options, "reference": reference}
 
 
 SCORE_KILLS = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from peft import PeftModel
-from test_retained_kl_callback import reference_retained_kl
+from retained_kl_helpers import reference_retained_kl
 
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy

@@ -11,11 +11,11 @@ from sft_helpers import (
     assert_same_tensors,
     batch_loss_and_grads,
     parameters,
+    reference_weighted_loss,
     sft_trainer,
     weighted_data,
     weighted_trainer,
 )
-from test_weighted_sft import _reference_loss
 
 from kinfolk.testing import build_model, conversational_dataset
 from kinfolk.tokens import IGNORE_INDEX
@@ -74,9 +74,9 @@ def test_unweighted_loss_is_the_pooled_token_loss_of_each_step(tiny_tokenizer, t
         for row in trainer.train_dataset
     ]
     model = build_model("llama", tokenizer=tiny_tokenizer)
-    unweighted = _reference_loss(model, rows, [1.0] * len(rows), 0.2, "token")
+    unweighted = reference_weighted_loss(model, rows, [1.0] * len(rows), 0.2, "token")
     weights = [row["example_weights"][0] for row in trainer.train_dataset]
-    weighted = _reference_loss(model, rows, weights, 0.2, "token")
+    weighted = reference_weighted_loss(model, rows, weights, 0.2, "token")
     logged = [record for record in trainer.state.log_history if "loss" in record]
     assert [record["step"] for record in logged] == [1, 2]
     for record in logged:
