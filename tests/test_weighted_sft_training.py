@@ -47,12 +47,13 @@ def test_unit_weights_train_like_sft_trainer_over_several_steps(tiny_tokenizer, 
     theirs = sft_trainer(tiny_tokenizer, weighted_data(8).remove_columns("weight"), tmp_path / "s", **options)
     theirs.train()
     assert_same_tensors(parameters(ours.model), parameters(theirs.model))
-    for mine, reference in zip(ours.state.log_history, theirs.state.log_history):
+    steps = [[entry for entry in trainer.state.log_history if "loss" in entry] for trainer in (ours, theirs)]
+    assert len(steps[0]) == len(steps[1]) == 2  # one logged entry per step
+    for mine, reference in zip(*steps):
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
-            if key in reference:
-                assert mine[key] == reference[key], key
-        if "loss" in reference:  # with unit weights the unweighted loss is SFTTrainer's loss
-            assert mine["unweighted_loss"] == pytest.approx(reference["loss"], rel=1e-6)
+            assert mine[key] == reference[key], key
+        # with unit weights the unweighted loss is SFTTrainer's loss
+        assert mine["unweighted_loss"] == pytest.approx(reference["loss"], rel=1e-6)
 
 
 def test_unweighted_loss_is_the_pooled_token_loss_of_each_step(tiny_tokenizer, tmp_path):
