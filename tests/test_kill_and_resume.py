@@ -2,6 +2,9 @@
 line) and SFT checkpointing killed at several points leave the destination whole or absent, the next run leaves
 nothing behind, and its result equals an uninterrupted run's. Also: how much work a killed scoring run loses
 (resume granularity), before and after token-sized chunks.
+
+Only the killed runs need a process of their own (tests/kill_jobs.py); the reruns and the uninterrupted references
+call the same jobs in this process.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 import torch
 from datasets import Dataset
 from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
+from kill_jobs import JOBS as JOB_FUNCTIONS
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
@@ -100,7 +104,7 @@ def test_killed_scoring_resumes_from_whole_chunks_and_equals_an_uninterrupted_ru
     for chunk in cache.rglob("chunk-*.npz"):  # every chunk on disk is whole
         with np.load(chunk) as stored:
             assert len(stored["rows"]) == len(stored["logprob"])
-    assert run_job(tmp_path, "score", arguments) == 0
+    JOB_FUNCTIONS["score"](arguments)  # the rerun: in this process, as the killed run's process is gone anyway
     resumed = Dataset.load_from_disk(str(out))
     for column in score_setup["reference"].column_names:
         np.testing.assert_array_equal(resumed[column], score_setup["reference"][column], err_msg=column)
@@ -118,7 +122,7 @@ def sft_parameters(path: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def sft_reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill-sft")
-    run_job(root, "sft", {"run_dir": str(root / "run"), "steps": 6, "out": str(root / "final.pt")})
+    JOB_FUNCTIONS["sft"]({"run_dir": str(root / "run"), "steps": 6, "out": str(root / "final.pt")})
     return root
 
 
@@ -150,7 +154,7 @@ def test_killed_checkpointing_leaves_whole_checkpoints_and_resumes_bit_exact(sft
         names = {p.name for p in (run / checkpoint).iterdir()}
         assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= names
     assert staging_left(run), "the killed save's staging should be there for the next run to remove"
-    assert run_job(tmp_path, "sft", {**arguments, "resume": True}) == 0
+    JOB_FUNCTIONS["sft"]({**arguments, "resume": True})
     assert staging_left(run) == []
     resumed, straight = sft_parameters(tmp_path / "final.pt"), sft_parameters(sft_reference / "final.pt")
     assert resumed.keys() == straight.keys()
