@@ -213,30 +213,37 @@ def test_eval_loss_is_sfts_unless_weighted(tiny_tokenizer, tmp_path):
 
 
 DDP_JOB = Path(__file__).with_name("weighted_sft_ddp_job.py")
+DDP_MODES = ["weights", "output_kl"]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
-@pytest.mark.parametrize("mode", ["weights", "output_kl"])
-def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_path, mode):
-    """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows.
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Both modes trained by one 2-process launch (each launch starts two interpreters with the whole stack).
 
     accelerate 1.15 runs `--cpu --num_processes 2` as a single process unless an MPI hostfile is given;
     `--multi_gpu` on a machine without GPUs starts two torchrun workers that use gloo on the CPU.
     """
-    out = tmp_path / "ddp.pt"
+    root = tmp_path_factory.mktemp("weighted-sft-ddp")
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, mode, str(tmp_path / "run"), str(out)], check=True, env=environment, timeout=600)
+    subprocess.run([*command, str(root), *DDP_MODES], check=True, env=environment, timeout=600)
+    return {mode: torch.load(root / f"{mode}.pt") for mode in DDP_MODES}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
+@pytest.mark.parametrize("mode", DDP_MODES)
+def test_two_cpu_processes_give_the_update_of_one_process(launched, tiny_tokenizer, tmp_path, mode):
+    """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows."""
     sys.path.insert(0, str(DDP_JOB.parent))
     from weighted_sft_ddp_job import train_once
 
     single = train_once(tiny_tokenizer, tmp_path / "single", mode, processes=1)
-    launched = torch.load(out)
-    assert (launched["num_processes"], launched["backend"]) == (2, "gloo")
+    record = launched[mode]
+    assert (record["num_processes"], record["backend"]) == (2, "gloo")
     logged = single.state.log_history[0]
-    assert launched["num_tokens"] == logged["num_tokens"]  # the same 8 rows in all
+    assert record["num_tokens"] == logged["num_tokens"]  # the same 8 rows in all
     # pooled over both ranks' tokens, as one process pools its two micro-batches
     for key in ("loss", "unweighted_loss"):
-        assert launched[key] == pytest.approx(logged[key], rel=1e-5), key
-    assert_same_tensors(launched["parameters"], parameters(single.model), rel=1e-5)
+        assert record[key] == pytest.approx(logged[key], rel=1e-5), key
+    assert_same_tensors(record["parameters"], parameters(single.model), rel=1e-5)
