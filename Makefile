@@ -30,10 +30,11 @@ demo: install
 demo-quick: install
 	$(VENV)/bin/kinfolk demo --quick --out runs/demo-quick --overwrite
 
-# Everything CI runs: the fast suite, doctests and the slow end-to-end tests (real checkpoints excluded).
+# Everything CI runs: the fast suite, doctests and the slow end-to-end tests (real checkpoints excluded); ends by
+# listing the ten slowest tests, so a test that grows shows up.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not real"
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not real" --durations=10
 
 test-fast: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup

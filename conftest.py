@@ -71,3 +71,51 @@ def atlas_adapter(tiny_kit, tmp_path_factory):
     fit_atlas(model, prompt_completion_dataset(16, seed=4), tiny_kit.tokenizer(), batch_size=8, progress=False)
     model.save_pretrained(folder)
     return {"base": base_dir, "adapter": folder}
+
+
+@pytest.fixture(scope="session")
+def distil_pair(tiny_kit, tmp_path_factory):
+    """A 4-layer teacher and its 2-layer student (layers 0 and 2), perturbed so that the KL and cosine terms are far
+    from zero: (teacher, student, a folder for the test's own outputs)."""
+    from adapt_helpers import distilled_copy, init_student
+
+    root = tmp_path_factory.mktemp("distil-pair")
+    teacher = tiny_kit.model_dir("llama", "large")
+    init = init_student(teacher, root / "init", layers=[0, 2])
+    student = distilled_copy(init, root / "student", tiny_kit.tokenizer(), seed=3, scale=0.05)
+    return str(teacher), str(student), root
+
+
+# The crash-safety tests' set-ups, built once for the SIGKILL (test_kill_and_resume) and signal (test_interrupts) files.
+@pytest.fixture(scope="session")
+def patch_setup(tiny_kit, tmp_path_factory):
+    """`merge patch --all` on a 4-layer teacher, its uninterrupted output, and an older output an overwrite replaces."""
+    from adapt_helpers import init_student
+
+    from kinfolk.plugins.adapt import merge
+
+    root = tmp_path_factory.mktemp("kill-merge")
+    teacher = tiny_kit.model_dir("qwen3", "large")
+    student = init_student(teacher, root / "s", every=2)
+    config = {"op": "patch", "teacher": str(teacher), "student": str(student), "max_shard_size": "30KB"}
+    reference = merge(config, root / "reference", all_sizes=True, progress=False)
+    old = merge({**config, "num_patched": 1}, root / "old", progress=False)  # what an overwrite replaces
+    return {"config": config, "reference": reference, "old": old}
+
+
+@pytest.fixture(scope="session")
+def score_setup(tiny_kit, tmp_path_factory):
+    """`score` of 40 rows with two models in chunks of 4 rows, and its uninterrupted result."""
+    from datasets import Dataset
+
+    from kinfolk.testing import prompt_completion_dataset
+    from kinfolk.trainers.atlantis import score_dataset
+
+    root = tmp_path_factory.mktemp("kill-score")
+    family = tiny_kit.family("qwen2")
+    data = root / "data"
+    prompt_completion_dataset(40, seed=5).save_to_disk(str(data))
+    models = {"large_base": str(family["large_base"]), "small_base": str(family["small_base"])}
+    options = {"chunk_rows": 4}  # 10 chunks per model, so kills land inside a model's pass
+    reference = score_dataset(Dataset.load_from_disk(str(data)), **models, use_cache=False, **options)
+    return {"data": str(data), "models": models, "options": options, "reference": reference}

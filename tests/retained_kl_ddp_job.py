@@ -1,8 +1,9 @@
-"""Two SFT steps of a LoRA model with RetainedKLCallback; run under `accelerate launch` by the DDP test.
+"""Two SFT steps of a LoRA model with RetainedKLCallback, once per frozen-side cache; run under `accelerate launch`.
 
-`python -m accelerate.commands.launch --multi_gpu --num_processes 2 retained_kl_ddp_job.py CACHE RUN_DIR`
-measures at the start and after each step with the given frozen-side cache, and saves the final adapter to
-RUN_DIR/adapter (and the process count to RUN_DIR/num_processes), so the test can recompute the last logged KL in one process from the saved weights.
+`python -m accelerate.commands.launch --multi_gpu --num_processes 2 retained_kl_ddp_job.py RUN_DIR CACHE [CACHE ...]`
+measures at the start and after each step with each given cache in turn (one launch for all: a launch costs two
+interpreters with the whole stack), and saves each final adapter to RUN_DIR/CACHE/adapter (and the process count to
+RUN_DIR/CACHE/num_processes), so the test can recompute the last logged KL in one process from the saved weights.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ def retained_data():
     return prompt_completion_dataset(RETAINED_ROWS, seed=7)
 
 
-if __name__ == "__main__":
-    cache, run_dir = sys.argv[1:3]
+def train(cache: str, run_dir: str) -> SFTTrainer:
     tokenizer = build_tokenizer()
     model = get_peft_model(build_model("llama", tokenizer=tokenizer), LORA)
     args = SFTConfig(
@@ -52,4 +52,22 @@ if __name__ == "__main__":
     trainer.save_model(f"{run_dir}/adapter")
     if trainer.accelerator.is_main_process:
         Path(run_dir, "num_processes").write_text(str(trainer.accelerator.num_processes))
-    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
+    return trainer
+
+
+if __name__ == "__main__":
+    import gc
+
+    import torch.distributed as dist
+
+    run_dir, *caches = sys.argv[1:]
+    for index, cache in enumerate(caches):
+        trainer = train(cache, f"{run_dir}/{cache}")
+        if index == len(caches) - 1:
+            end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
+        else:  # the next run reuses the group: drop this one's DDP reducer while the group is alive
+            trainer.accelerator.free_memory()
+            trainer.model_wrapped = trainer.model
+            del trainer
+            gc.collect()
+            dist.barrier()

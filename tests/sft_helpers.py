@@ -1,4 +1,5 @@
-"""Shared set-up for the weighted-SFT tests: CPU fp32 configs, trainer pairs on identical data, one-batch gradients."""
+"""Shared set-up for the weighted-SFT tests: CPU fp32 configs, trainer pairs on identical data, one-batch gradients,
+the hand-written weighted loss, and the flags of a tiny `kinfolk sft` run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import torch
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from kinfolk.logprobs import label_log_probs
 from kinfolk.testing import build_model, prompt_completion_dataset
+from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
 CPU_FP32 = {
@@ -22,6 +25,11 @@ CPU_FP32 = {
     "seed": 0,
     "disable_tqdm": True,
 }
+# `kinfolk sft` flags for a two-step CPU run that saves nothing but the final model.
+TINY_RUN = [
+    "--use_cpu", "--bf16", "False", "--gradient_checkpointing", "False", "--report_to", "none",
+    "--save_strategy", "no", "--max_steps", "2", "--per_device_train_batch_size", "2", "--disable_tqdm", "True",
+]  # fmt: skip
 
 
 def weighted_data(n: int = 8, weights=None, seed: int = 0) -> Dataset:
@@ -79,3 +87,19 @@ def assert_same_tensors(left: dict, right: dict, scale: float = 1.0, rel: float 
         expected = right[name] * scale
         error = float((left[name] - expected).abs().max())
         assert error <= rel * float(expected.abs().max()), f"{name}: max error {error:.3g}"
+
+
+def reference_weighted_loss(model, batch, weights, prompt_loss_weight, reduction):
+    """Σ W·ℓ / D written out per example, from log-probs computed independently of the trainer."""
+    total, examples, token_mass, weight_mass = 0.0, 0, 0.0, 0.0
+    for row, weight in zip(batch, weights):
+        ids = torch.tensor([row["input_ids"]])
+        completion = torch.tensor([row["completion_mask"]])
+        labels = ids.masked_fill(completion == 0, IGNORE_INDEX) if prompt_loss_weight == 0 else ids
+        log_probs, mask = label_log_probs(model, ids, torch.ones_like(ids), labels)
+        token_weights = torch.where(completion[:, 1:] == 1, 1.0, prompt_loss_weight) * mask
+        total += weight * float(-(log_probs.detach() * token_weights).sum())
+        examples += 1
+        token_mass += float(token_weights.sum())
+        weight_mass += weight * float(token_weights.sum())
+    return total / {"token": token_mass, "sequence": examples, "self_normalized": weight_mass}[reduction]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapt_helpers import distilled_copy, init_student
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kinfolk.atomic import OutputExistsError
+from kinfolk.commands import main
 from kinfolk.layout import UnsupportedArchitectureError
 from kinfolk.plugins.adapt import (
     DeltaCosineConfig,
@@ -24,7 +26,7 @@ from kinfolk.plugins.adapt import (
 )
 from kinfolk.plugins.adapt import execute as execute_module
 from kinfolk.tensors import INDEX_FILE, TensorReader
-from kinfolk.testing import ARCHITECTURES, build_model, perturbed_copy, save_model
+from kinfolk.testing import ARCHITECTURES, build_model, save_model
 
 
 def tensors(directory):
@@ -36,20 +38,6 @@ def assert_same_tensors(left, right):
     for name in left:
         assert left[name].dtype == right[name].dtype, name
         assert torch.equal(left[name], right[name]), name
-
-
-def init_student(teacher, out, **layers):
-    return merge({"op": "init-student", "teacher": str(teacher), "layers": layers}, out, progress=False)
-
-
-def distilled_copy(student_dir, out, tokenizer, seed=7, dtype=None):
-    """A stand-in for a distilled student: the init with seeded noise on every weight, its layer map kept."""
-    model = perturbed_copy(AutoModelForCausalLM.from_pretrained(student_dir), scale=0.02, seed=seed)
-    if dtype is not None:
-        model = model.to(dtype)
-    save_model(model, tokenizer, out)
-    LayerMap.load(student_dir).save(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -458,19 +446,21 @@ def safetensors_names(directory) -> list[str]:
     return names
 
 
-def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
+def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path, capsys):
+    """One run as a process of its own (the command line as installed); the refusal and the dry runs in this process
+    (tests/test_bad_inputs_commands.py shows a refusal's exit code and line from a real process)."""
     config = tmp_path / "init.yaml"
     config.write_text(f"teacher: {qwen_students['teacher']}\nlayers:\n  every: 2\n  last: 1\n")
-    command = [sys.executable, "-m", "kinfolk", "merge", "init-student", str(config), "--no-progress"]
+    argv = ["merge", "init-student", str(config), "--no-progress"]
+    command = [sys.executable, "-m", "kinfolk", *argv]
     done = subprocess.run([*command, "--out", str(tmp_path / "s")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert LayerMap.load(tmp_path / "s").blocks == ((0, 2), (2, 3), (3, 4))
-    again = subprocess.run([*command, "--out", str(tmp_path / "s")], capture_output=True, text=True)
-    assert again.returncode == 2 and "already exists" in again.stderr
+    assert main([*argv, "--out", str(tmp_path / "s")]) == 2
+    assert "already exists" in capsys.readouterr().err
     planned = tmp_path / "planned"
-    dry = subprocess.run([*command, "--dry-run", "--out", str(planned)], capture_output=True, text=True)
-    assert dry.returncode == 0 and not planned.exists()
-    lines = dry.stdout.splitlines()  # a summary: the inputs, the output at --out, its tensors counted by input
+    assert main([*argv, "--dry-run", "--out", str(planned)]) == 0 and not planned.exists()
+    lines = capsys.readouterr().out.splitlines()  # a summary: the inputs, the output at --out, its tensors by input
     assert lines[:2] == ["kinfolk merge init-student", f"  input teacher: {qwen_students['teacher']}"]
     count = len(safetensors_names(tmp_path / "s"))  # every tensor of init-student comes from the teacher
     assert lines[2].startswith(f"  output {planned}: {count} tensors, ") and lines[3:] == [
@@ -478,5 +468,5 @@ def test_cli_writes_refuses_and_dry_runs(qwen_students, tmp_path):
         f"    {count} tensors from teacher",
     ]
     assert max(map(len, lines[3:])) <= 100
-    every = subprocess.run([*command, "--dry-run", "--verbose"], capture_output=True, text=True)
-    assert every.returncode == 0 and "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in every.stdout
+    assert main([*argv, "--dry-run", "--verbose"]) == 0
+    assert "model.layers.2.mlp.up_proj.weight = teacher[model.layers.3" in capsys.readouterr().out

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 import torch
-from test_adapt_merge import distilled_copy
+from adapt_helpers import distilled_copy
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.commands import main
@@ -124,7 +124,7 @@ def test_half_patch_unties_the_head_when_the_students_embeddings_moved(boomerang
 
 
 def test_distillation_loss_on_a_real_pair_matches_full_logits(real_model_dir, tmp_path):
-    from test_layer_distillation_trainer import first_batch, make_args, reference_loss  # the tiny-model reference
+    from distil_helpers import first_batch, make_args, reference_loss  # the tiny-model reference
 
     from kinfolk.testing import prompt_completion_dataset
     from kinfolk.trainers import LayerDistillationTrainer

@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 from datasets import Dataset
+from lm_eval_helpers import TASK, cli_samples, in_process, log_likelihoods
 from peft import PeftModel, get_peft_model
-from test_lm_eval_cli import TASK, cli_samples, in_process, log_likelihoods
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors import safe_open
+from sft_helpers import TINY_RUN
 from transformers import AutoModelForCausalLM
 
 from kinfolk.commands import sft as sft_cli
@@ -13,10 +14,6 @@ from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.testing import prompt_completion_dataset, text_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RUN = [
-    "--use_cpu", "--bf16", "False", "--gradient_checkpointing", "False", "--report_to", "none",
-    "--save_strategy", "no", "--max_steps", "2", "--per_device_train_batch_size", "2", "--disable_tqdm", "True",
-]  # fmt: skip
 
 
 def atlas_options(parsed) -> AtlasArguments:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel, get_peft_model
-from test_atlas_sft_cli import TINY_RUN
+from sft_helpers import TINY_RUN
 from transformers import AutoModelForCausalLM
 from two_processes import accelerate_flags, run
 

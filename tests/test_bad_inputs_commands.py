@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
+from adapt_helpers import init_student
 from datasets import Dataset, DatasetDict
 from refusal_helpers import assert_command_refused
-from test_adapt_merge import init_student
 
 from kinfolk.plugins.adapt import LAYER_MAP_FILE
 from kinfolk.testing import prompt_completion_dataset

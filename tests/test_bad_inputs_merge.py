@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 import torch
+from adapt_helpers import init_student
 from refusal_helpers import assert_refused
-from test_adapt_merge import init_student
 
 from kinfolk.errors import (
     CheckpointError,

@@ -199,22 +199,24 @@ def test_sft_refuses_an_output_dir_holding_a_run_unless_resuming_or_overwrite(ti
 
 @pytest.mark.slow
 def test_kinfolk_sft_twice_into_one_output_dir_is_refused_the_second_time(tiny_kit, data, tmp_path):
+    """The second `kinfolk sft` is a process of its own, refused before it launches anything; the first run and the
+    resume run what each launched process runs (`kinfolk.commands.sft.train`), in this process."""
+    from kinfolk.commands import sft as sft_cli
+
     out = tmp_path / "run"
-    command = [str(Path(sys.executable).with_name("kinfolk")), *map(str, sft_argv(tiny_kit, data, out))]
-    command += ["--save_strategy", "steps", "--save_steps", "1"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-3000:]
+    argv = [*map(str, sft_argv(tiny_kit, data, out)), "--save_strategy", "steps", "--save_steps", "1"]
+    sft_cli.train(*sft_cli.make_parser().parse_args_and_config(argv[1:]))
     assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-1"]
-    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    second = subprocess.run([str(Path(sys.executable).with_name("kinfolk")), *argv], capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
     assert second.returncode == 2, second.stderr[-3000:]
     errors = [line for line in second.stderr.splitlines() if line.startswith("kinfolk sft: error:")]
     assert errors == [
         f"kinfolk sft: error: --output_dir {out} already holds a run; pass --overwrite to replace it or "
         "--resume_from_checkpoint to continue it"
     ], second.stderr[-3000:]
-    resumed = subprocess.run([*command, "--resume_from_checkpoint", "true", "--max_steps", "2"], capture_output=True,
-                             text=True, timeout=600)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]  # "true": the last checkpoint of --output_dir
+    resume = [*argv[1:], "--resume_from_checkpoint", "true", "--max_steps", "2"]  # "true": the last checkpoint
+    sft_cli.train(*sft_cli.make_parser().parse_args_and_config(resume))
     assert sorted(path.name for path in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 

@@ -8,7 +8,7 @@ metrics and the callback's.
 
 import pytest
 from peft import LoraConfig, get_peft_model
-from test_retained_kl_callback import sft_config
+from retained_kl_helpers import sft_config
 from trl import SFTTrainer
 
 from kinfolk.callbacks import LmEvalCallback, RetainedKLCallback

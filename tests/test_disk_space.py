@@ -96,7 +96,7 @@ def test_merge_fits_with_exactly_the_bytes_it_needs(init_config, student_bytes, 
 
 @pytest.fixture(scope="module")
 def student(teacher, tmp_path_factory):
-    from test_adapt_merge import init_student
+    from adapt_helpers import init_student
 
     return init_student(teacher, tmp_path_factory.mktemp("disk-student") / "s", every=2)
 

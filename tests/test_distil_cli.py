@@ -1,15 +1,9 @@
-"""`kinfolk distil`: the same student as the merges and the trainer run by hand, its delta, its errors, and a
-two-process launch with gradient accumulation."""
+"""`kinfolk distil`: the same student as the merges and the trainer run by hand, its delta and its errors. Its
+two-process launch with gradient accumulation is in tests/test_distil_ddp.py."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -80,42 +74,6 @@ def test_bad_input_is_refused_before_anything_runs(tiny_kit, tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "new").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
-def test_kinfolk_distil_runs_under_two_processes_with_gradient_accumulation(tiny_kit, tmp_path):
-    """Two gloo processes, a YAML config, the paper's phases: every output is written once, by the main process."""
-    text_dataset(8).to_json(tmp_path / "pretraining.jsonl")
-    prompt_completion_dataset(8).to_json(tmp_path / "sft.jsonl")
-    config = {
-        "teacher": str(tiny_kit.model_dir("llama", "large")), "layers": "{layers: [0, 2]}",
-        "pretraining_data": str(tmp_path / "pretraining.jsonl"), "sft_data": str(tmp_path / "sft.jsonl"),
-        "use_cpu": True, "bf16": False, "report_to": [], "max_steps": 4, "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 2, "logging_steps": 1, "save_strategy": "steps", "save_steps": 4,
-        "kl_weight": 0.2,
-    }  # fmt: skip
-    (tmp_path / "distil.yaml").write_text(yaml.safe_dump(config))
-    out = tmp_path / "o"
-    kinfolk = Path(sys.executable).with_name("kinfolk")
-    # --multi_gpu on a machine without GPUs starts two gloo (MULTI_CPU) processes through torchrun
-    command = [str(kinfolk), "distil", "--config", str(tmp_path / "distil.yaml"), "--out", str(out),
-               "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "--main_process_port", "0"]  # fmt: skip
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    state = json.loads((out / "training" / "checkpoint-4" / "trainer_state.json").read_text())
-    logged = [row for row in state["log_history"] if "loss" in row]
-    # 4 steps × 2 processes × 2 rows × 2 micro-batches: one pass of the phase sampler, 2 steps of each phase
-    assert len(logged) == 4 and state["log_history"][-1]["epoch"] == pytest.approx(1.0)
-    assert all(row["distill/kl"] > 0 for row in logged)
-    assert LayerMap.load(out / DISTILLED).blocks == ((0, 2), (2, 4))
-    delta, distilled, initial = _weights(out / DELTA), _weights(out / DISTILLED), _weights(out / INIT)
-    for name, value in distilled.items():
-        torch.testing.assert_close(delta[name], value - initial[name], rtol=0, atol=0, msg=name)
-    assert any(not torch.equal(value, initial[name]) for name, value in distilled.items())
 
 
 def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts(tiny_kit, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from two_processes import assert_same_gradients
 
 JOB = Path(__file__).with_name("fsdp2_job.py")
 pytestmark = pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
@@ -28,12 +29,6 @@ def sharded_and_single(atlas_adapter, tmp_path_factory):
 
     single = run(str(base_dir), str(adapter_dir), str(root / "single"), sharded=False)
     return torch.load(root / "sharded" / "out.pt"), single
-
-
-def assert_same_gradients(sharded: dict, single: dict) -> None:
-    assert sharded.keys() == single.keys() and single
-    for name, grad in single.items():
-        torch.testing.assert_close(sharded[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_atlas_adapter_forward_and_backward(sharded_and_single):

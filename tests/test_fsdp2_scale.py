@@ -7,17 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distil_ddp import pair  # noqa: F401  (the fixture: a 4-layer teacher and its perturbed 2-layer student)
-from test_fsdp2 import assert_same_gradients
-from two_processes import torchrun
+from two_processes import assert_same_gradients, torchrun
 
 JOB = Path(__file__).with_name("fsdp2_scale_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]
 
 
 @pytest.fixture(scope="module")
-def sharded_and_single(pair):  # noqa: F811
-    teacher, student, root = pair
+def sharded_and_single(distil_pair):
+    teacher, student, root = distil_pair
     (root / "fsdp2").mkdir()
     torchrun(JOB, teacher, student, str(root / "fsdp2" / "out.pt"))
     sys.path.insert(0, str(JOB.parent))

@@ -3,9 +3,10 @@ resumes, exits 143 / 130; nothing half-written is left; the printed command, run
 it resumed from.
 
 `kinfolk score` and `kinfolk merge patch --all` run as real processes (`kill_jobs.py --signal`: the job sends the
-signal to itself once it has done some of the work, so the test does not race the scheduler); `kinfolk lab
-experiment` runs in this process with its family runs replaced by a stub that sends the signal after the first
-family.
+signal to itself once it has done some of the work, so the test does not race the scheduler), and their printed
+resume commands run in this process; `kinfolk distil` and `kinfolk sft` (which launch processes of their own) and
+their resume commands run as processes; `kinfolk lab experiment` runs in this process with its family runs replaced
+by a stub that sends the signal after the first family.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from datasets import Dataset
-from test_kill_and_resume import ENVIRONMENT, JOBS, assert_same_files, patch_setup, score_setup, staging_left
+from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 
 from kinfolk.atomic import staging_owner
 
-__all__ = ["patch_setup", "score_setup"]  # module fixtures shared with the SIGKILL tests
 EXIT = {"SIGTERM": 143, "SIGINT": 130}
 
 
@@ -68,11 +68,16 @@ def in_process(argv: list[str]) -> tuple[int, str]:
     return status, stderr.getvalue()
 
 
-def run_resume_command(line: str) -> subprocess.CompletedProcess:
-    """The resume command exactly as the line gives it."""
+def resume_argv(line: str) -> list[str]:
+    """The resume command exactly as the line gives it, without its leading `kinfolk`."""
     argv = shlex.split(line.split("; resume: ", 1)[1])
     assert argv[0] == "kinfolk"
-    command = [sys.executable, "-m", "kinfolk", *argv[1:]]
+    return argv[1:]
+
+
+def run_resume_command(line: str) -> subprocess.CompletedProcess:
+    """The resume command as a process of its own (for verbs that launch their own processes)."""
+    command = [sys.executable, "-m", "kinfolk", *resume_argv(line)]
     return subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=600, cwd=JOBS.parent)
 
 
@@ -95,10 +100,10 @@ def test_an_interrupted_score_says_what_it_keeps_and_its_rerun_resumes_from_the_
             cached[chunk.parent] = cached.get(chunk.parent, 0) + len(stored["rows"])
     assert sorted(cached.values()) == [12, 40]
 
-    resumed = run_resume_command(line)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    said = re.findall(r"resuming: (\d+) of (\d+) rows scored with the (\w+) model", resumed.stderr)
-    assert sorted((int(done), int(total)) for done, total, _ in said) == [(12, 40), (40, 40)], resumed.stderr
+    status, text = in_process(resume_argv(line))  # the interrupted run was the process that had to end
+    assert status == 0, text[-3000:]
+    said = re.findall(r"resuming: (\d+) of (\d+) rows scored with the (\w+) model", text)
+    assert sorted((int(done), int(total)) for done, total, _ in said) == [(12, 40), (40, 40)], text
     scored = Dataset.load_from_disk(str(out))
     for column in score_setup["reference"].column_names:
         np.testing.assert_array_equal(scored[column], score_setup["reference"][column], err_msg=column)
@@ -115,8 +120,8 @@ def test_an_interrupted_patch_all_leaves_nothing_and_its_command_reruns(patch_se
     assert f"nothing at {out}" in line
     assert not out.exists()
     assert staging_left(tmp_path) == []  # removed at once, not left for the next run as a SIGKILL leaves it
-    rerun = run_resume_command(line)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    status, text = in_process(resume_argv(line))
+    assert status == 0, text[-3000:]
     assert_same_files(out, patch_setup["reference"])
 
 

@@ -2,12 +2,14 @@
 line) and SFT checkpointing killed at several points leave the destination whole or absent, the next run leaves
 nothing behind, and its result equals an uninterrupted run's. Also: how much work a killed scoring run loses
 (resume granularity), before and after token-sized chunks.
+
+Only the killed runs need a process of their own (tests/kill_jobs.py); the reruns and the uninterrupted references
+call the same jobs in this process.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -17,17 +19,14 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from refusal_helpers import snapshot
-from test_adapt_merge import init_student
+from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
+from kill_jobs import JOBS as JOB_FUNCTIONS
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import ScoreConfig, score_dataset, score_model
+from kinfolk.trainers.atlantis import ScoreConfig, score_model
 from kinfolk.trainers.atlantis import scoring as scoring_module
-
-JOBS = Path(__file__).with_name("kill_jobs.py")
-ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_job(tmp_path, job: str, arguments: dict, *kill: str, launcher: tuple[str, ...] = ()) -> int:
@@ -44,31 +43,7 @@ def run_job(tmp_path, job: str, arguments: dict, *kill: str, launcher: tuple[str
     return done.returncode
 
 
-def staging_left(directory: Path) -> list[str]:
-    return sorted(path.name for path in directory.iterdir() if staging_owner(path) is not None)
-
-
-def assert_same_files(left: Path, right: Path) -> None:
-    assert {Path(p).relative_to(left) for p in snapshot([left])} == {
-        Path(p).relative_to(right) for p in snapshot([right])
-    }
-    for path in left.rglob("*"):
-        if path.is_file():
-            assert path.read_bytes() == (right / path.relative_to(left)).read_bytes(), path
-
-
 # --- merge patch --all ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def patch_setup(tiny_kit, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill-merge")
-    teacher = tiny_kit.model_dir("qwen3", "large")
-    student = init_student(teacher, root / "s", every=2)
-    config = {"op": "patch", "teacher": str(teacher), "student": str(student), "max_shard_size": "30KB"}
-    reference = merge(config, root / "reference", all_sizes=True, progress=False)
-    old = merge({**config, "num_patched": 1}, root / "old", progress=False)  # what an overwrite replaces
-    return {"config": config, "reference": reference, "old": old}
 
 
 MERGE_KILLS = {
@@ -111,18 +86,6 @@ def test_killed_patch_all_leaves_a_whole_or_no_output_and_the_rerun_cleans_up(pa
 # --- scoring --------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def score_setup(tiny_kit, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kill-score")
-    family = tiny_kit.family("qwen2")
-    data = root / "data"
-    prompt_completion_dataset(40, seed=5).save_to_disk(str(data))
-    models = {"large_base": str(family["large_base"]), "small_base": str(family["small_base"])}
-    options = {"chunk_rows": 4}  # 10 chunks per model, so kills land inside a model's pass
-    reference = score_dataset(Dataset.load_from_disk(str(data)), **models, use_cache=False, **options)
-    return {"data": str(data), "models": models, "options": options, "reference": reference}
-
-
 SCORE_KILLS = {
     "after 3 chunks of the second model": ["kinfolk.trainers.atlantis.cache:ScoreCache.write", "after", "13"],
     "while a chunk is renamed into place": ["os:replace", "before", "4", ".npz"],
@@ -141,7 +104,7 @@ def test_killed_scoring_resumes_from_whole_chunks_and_equals_an_uninterrupted_ru
     for chunk in cache.rglob("chunk-*.npz"):  # every chunk on disk is whole
         with np.load(chunk) as stored:
             assert len(stored["rows"]) == len(stored["logprob"])
-    assert run_job(tmp_path, "score", arguments) == 0
+    JOB_FUNCTIONS["score"](arguments)  # the rerun: in this process, as the killed run's process is gone anyway
     resumed = Dataset.load_from_disk(str(out))
     for column in score_setup["reference"].column_names:
         np.testing.assert_array_equal(resumed[column], score_setup["reference"][column], err_msg=column)
@@ -159,7 +122,7 @@ def sft_parameters(path: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def sft_reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill-sft")
-    run_job(root, "sft", {"run_dir": str(root / "run"), "steps": 6, "out": str(root / "final.pt")})
+    JOB_FUNCTIONS["sft"]({"run_dir": str(root / "run"), "steps": 6, "out": str(root / "final.pt")})
     return root
 
 
@@ -191,7 +154,7 @@ def test_killed_checkpointing_leaves_whole_checkpoints_and_resumes_bit_exact(sft
         names = {p.name for p in (run / checkpoint).iterdir()}
         assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= names
     assert staging_left(run), "the killed save's staging should be there for the next run to remove"
-    assert run_job(tmp_path, "sft", {**arguments, "resume": True}) == 0
+    JOB_FUNCTIONS["sft"]({**arguments, "resume": True})
     assert staging_left(run) == []
     resumed, straight = sft_parameters(tmp_path / "final.pt"), sft_parameters(sft_reference / "final.pt")
     assert resumed.keys() == straight.keys()

@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
+from adapt_helpers import distilled_copy, init_student
+from distil_helpers import first_batch, make_args, reference_loss
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from kinfolk.plugins.adapt import LAYER_MAP_FILE, LayerMap, merge
-from kinfolk.testing import perturbed_copy, prompt_completion_dataset, save_model, text_dataset
-from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
+from kinfolk.testing import prompt_completion_dataset, text_dataset
+from kinfolk.trainers import LayerDistillationTrainer
 
 
 @pytest.fixture(scope="module")
@@ -20,20 +21,10 @@ def pairs(tiny_kit, tmp_path_factory):
     result = {}
     for architecture in ("llama", "gemma2"):
         teacher = tiny_kit.model_dir(architecture, "large")
-        init = merge({"op": "init-student", "teacher": str(teacher), "layers": {"layers": [0, 1]}},
-                     root / f"{architecture}-init", progress=False)  # fmt: skip
-        student = perturbed_copy(AutoModelForCausalLM.from_pretrained(init), scale=0.05, seed=3)
-        save_model(student, tokenizer, root / f"{architecture}-student")
-        LayerMap.load(init).save(root / f"{architecture}-student")
-        result[architecture] = {"teacher": teacher, "student": root / f"{architecture}-student"}
+        init = init_student(teacher, root / f"{architecture}-init", layers=[0, 1])
+        student = distilled_copy(init, root / f"{architecture}-student", tokenizer, seed=3, scale=0.05)
+        result[architecture] = {"teacher": teacher, "student": student}
     return result
-
-
-def make_args(tmp_path, **overrides):
-    values = {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "report_to": [],
-              "per_device_train_batch_size": 4, "save_strategy": "no", "logging_steps": 1, "seed": 0}  # fmt: skip
-    values.update(overrides)
-    return LayerDistillationConfig(**values)
 
 
 def make_trainer(pair, tmp_path, tokenizer, pretraining=None, **overrides):
@@ -45,53 +36,6 @@ def make_trainer(pair, tmp_path, tokenizer, pretraining=None, **overrides):
         pretraining_dataset=pretraining,
         processing_class=tokenizer,
     )
-
-
-def first_batch(trainer):
-    trainer.model.train()
-    return trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-
-
-def layer_outputs(model, inputs):
-    """Full-logit forward with each decoder layer's own output recorded by forward hooks."""
-    outputs = []
-    handles = [
-        layer.register_forward_hook(lambda module, args, output: outputs.append(output[0] if isinstance(output, tuple) else output))
-        for layer in model.model.layers
-    ]  # fmt: skip
-    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-    for handle in handles:
-        handle.remove()
-    return logits.float(), outputs
-
-
-def reference_loss(pair, inputs, kl_weight, cosine_weight, temperature, aligned, mask=None):
-    """The loss from full logits; `mask` (batch, length − 1) marks the positions whose next token is trained
-    (default: where the batch's labels are not -100), the targets are then the next input tokens."""
-    student = AutoModelForCausalLM.from_pretrained(pair["student"])
-    teacher = AutoModelForCausalLM.from_pretrained(pair["teacher"]).eval()
-    student_logits, student_layers = layer_outputs(student, inputs)
-    with torch.no_grad():
-        teacher_logits, teacher_layers = layer_outputs(teacher, inputs)
-    if mask is None:
-        labels = inputs["labels"][:, 1:]
-        mask = labels != -100
-    else:
-        labels = inputs["input_ids"][:, 1:]
-    count = mask.sum()
-    log_probs = student_logits[:, :-1].log_softmax(-1)
-    ce = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask].sum() / count
-    student_soft = (student_logits[:, :-1] / temperature).log_softmax(-1)[mask]
-    teacher_soft = (teacher_logits[:, :-1] / temperature).log_softmax(-1)[mask]
-    kl = (teacher_soft.exp() * (teacher_soft - student_soft)).sum() / count
-    cosine = (
-        sum(
-            (1 - F.cosine_similarity(student_layers[i][:, :-1][mask], teacher_layers[t][:, :-1][mask], dim=-1)).sum()
-            for i, t in enumerate(aligned)
-        )
-        / count
-    )
-    return ce + kl_weight * temperature**2 * kl + cosine_weight * cosine
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gemma2"])

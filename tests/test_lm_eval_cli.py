@@ -1,41 +1,17 @@
 """`kinfolk eval` on the tiny kit: lm-eval's CLI loads the saved model and its adapter (LoRA now, ATLAS through
 `import kinfolk`), runs kinfolk's offline tasks, and its per-sample numbers match an in-process evaluation."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from lm_eval.tasks import TaskManager
+from lm_eval_helpers import TASK, cli_samples, in_process, log_likelihoods
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kinfolk.callbacks.evaluation import run_lm_eval
 from kinfolk.commands import main
-from kinfolk.eval_tasks import task_dir
-
-TASK = "kinfolk_csqa_sample"
-
-
-def log_likelihoods(samples):
-    """Every option's log-likelihood, question after question, as one flat list."""
-    return [float(choice[0]) for record in samples for choice in record["filtered_resps"]]
-
-
-def cli_samples(output_path):
-    files = list(output_path.rglob(f"samples_{TASK}_*.jsonl"))
-    assert len(files) == 1, files
-    with open(files[0]) as handle:
-        return sorted((json.loads(line) for line in handle), key=lambda record: record["doc_id"])
-
-
-def in_process(model, tokenizer):
-    _, samples = run_lm_eval(
-        model, tokenizer, [TASK], TaskManager(include_path=str(task_dir()), include_defaults=False), batch_size=2
-    )
-    return sorted(samples[TASK], key=lambda record: record["doc_id"])
 
 
 def save_adapter(tiny_kit, tmp_path, config):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from lm_eval_helpers import TASK, cli_samples, in_process, log_likelihoods
 from peft import PeftModel
-from test_lm_eval_cli import TASK, cli_samples, in_process, log_likelihoods
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kinfolk

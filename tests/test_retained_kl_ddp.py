@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from peft import PeftModel
-from test_retained_kl_callback import reference_retained_kl
+from retained_kl_helpers import reference_retained_kl
 
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy
@@ -16,14 +16,23 @@ from kinfolk.tokens import sft_tokenize
 DDP_JOB = Path(__file__).with_name("retained_kl_ddp_job.py")
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
-@pytest.mark.parametrize("cache", ["auto", "hidden"])
-def test_two_processes_log_the_kl_of_the_whole_retained_set(tiny_tokenizer, tmp_path, cache):
-    run_dir = tmp_path / "run"
+CACHES = ["auto", "hidden"]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]  # one 2-process job at a time
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory):
+    """One launch trains once per cache (each launch starts two interpreters with the whole stack)."""
+    root = tmp_path_factory.mktemp("retained-kl-ddp")
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, cache, str(run_dir)], check=True, env=environment, timeout=600)
+    subprocess.run([*command, str(root), *CACHES], check=True, env=environment, timeout=600)
+    return {cache: root / cache for cache in CACHES}
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_two_processes_log_the_kl_of_the_whole_retained_set(run_dirs, tiny_tokenizer, cache):
+    run_dir = run_dirs[cache]
     sys.path.insert(0, str(DDP_JOB.parent))
     from retained_kl_ddp_job import retained_data
 

@@ -83,8 +83,9 @@ def test_retained_kl_is_exact_with_bounded_memory(adapted, cache):
     assert 1e-4 < expected < 1e-1
     assert measured["retained_kl"] == pytest.approx(expected, rel=2e-3)
     assert measured["retained_kl_tokens"] == sum(int(b["attention_mask"][:, 1:].sum()) for b in callback.batches)
-    if usage.resettable:
-        assert usage.extra_bytes < TILE_BUDGET
+    if not usage.resettable:
+        pytest.skip("the value is exact; its memory bound needs a resettable peak (Linux /proc/self/clear_refs)")
+    assert usage.extra_bytes < TILE_BUDGET
 
 
 @pytest.mark.parametrize("cache", ["expectation", "hidden"])

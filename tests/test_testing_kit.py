@@ -93,7 +93,10 @@ def test_datasets_have_trl_shapes():
     cpc = conversational_prompt_completion_dataset(4)[0]
     assert cpc["prompt"][0]["role"] == "user" and cpc["completion"][0]["role"] == "assistant"
     # answers are checkable: additions are right
-    for example in prompt_completion_dataset(50, seed=1):
-        if example["prompt"].startswith("What is"):
-            a, b = example["prompt"][8:-1].split(" + ")
-            assert int(example["completion"]) == int(a) + int(b)
+    additions = [
+        example for example in prompt_completion_dataset(50, seed=1) if example["prompt"].startswith("What is")
+    ]
+    assert len(additions) >= 5
+    for example in additions:
+        a, b = example["prompt"][8:-1].split(" + ")
+        assert int(example["completion"]) == int(a) + int(b)

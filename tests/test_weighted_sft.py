@@ -8,12 +8,12 @@ from sft_helpers import (
     assert_same_tensors,
     batch_loss_and_grads,
     config,
+    reference_weighted_loss,
     sft_trainer,
     weighted_data,
     weighted_trainer,
 )
 
-from kinfolk.logprobs import label_log_probs
 from kinfolk.testing import build_model, conversational_dataset, text_dataset
 from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers.weighted_sft_data import WeightColumnError, WeightTransform
@@ -106,22 +106,6 @@ def test_a_single_example_gradient_scales_with_its_weight(tiny_tokenizer, tmp_pa
     assert_same_tensors(weighted_grads, grads, scale=3.5, rel=1e-5)
 
 
-def _reference_loss(model, batch, weights, prompt_loss_weight, reduction):
-    """Σ W·ℓ / D written out per example, from log-probs computed independently of the trainer."""
-    total, examples, token_mass, weight_mass = 0.0, 0, 0.0, 0.0
-    for row, weight in zip(batch, weights):
-        ids = torch.tensor([row["input_ids"]])
-        completion = torch.tensor([row["completion_mask"]])
-        labels = ids.masked_fill(completion == 0, IGNORE_INDEX) if prompt_loss_weight == 0 else ids
-        log_probs, mask = label_log_probs(model, ids, torch.ones_like(ids), labels)
-        token_weights = torch.where(completion[:, 1:] == 1, 1.0, prompt_loss_weight) * mask
-        total += weight * float(-(log_probs.detach() * token_weights).sum())
-        examples += 1
-        token_mass += float(token_weights.sum())
-        weight_mass += weight * float(token_weights.sum())
-    return total / {"token": token_mass, "sequence": examples, "self_normalized": weight_mass}[reduction]
-
-
 @pytest.mark.parametrize("prompt_loss_weight", [0.0, 0.3])
 @pytest.mark.parametrize("reduction", ["token", "sequence", "self_normalized"])
 def test_reductions_match_a_hand_written_reference(tiny_tokenizer, tmp_path, reduction, prompt_loss_weight):
@@ -138,7 +122,7 @@ def test_reductions_match_a_hand_written_reference(tiny_tokenizer, tmp_path, red
             tiny_tokenizer, data, tmp_path / "ref", weight_column=None, prompt_loss_weight=1e-3
         ).train_dataset
     ]
-    expected = _reference_loss(
+    expected = reference_weighted_loss(
         build_model("llama", tokenizer=tiny_tokenizer), reference_rows, weights, prompt_loss_weight, reduction
     )
     assert math.isclose(float(loss), expected, rel_tol=1e-5)

@@ -10,8 +10,7 @@ import math
 
 import pytest
 import torch
-from sft_helpers import parameters, sft_trainer, weighted_trainer
-from test_weighted_sft import _reference_loss
+from sft_helpers import parameters, reference_weighted_loss, sft_trainer, weighted_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.testing import conversational_prompt_completion_dataset
@@ -72,7 +71,7 @@ def test_weighted_first_step_loss_matches_a_hand_written_reference(
     ]
     assert max(len(row["input_ids"]) for row in reference_rows) <= 128
     with torch.no_grad():
-        expected = _reference_loss(load(path), reference_rows, WEIGHTS, prompt_loss_weight, reduction)
+        expected = reference_weighted_loss(load(path), reference_rows, WEIGHTS, prompt_loss_weight, reduction)
     trainer = weighted_trainer(
         tokenizer, data.add_column("weight", WEIGHTS), tmp_path / "w", model=load(path), **ADAMW,
         per_device_train_batch_size=4, max_steps=1, weight_reduction=reduction, prompt_loss_weight=prompt_loss_weight,

@@ -11,11 +11,11 @@ from sft_helpers import (
     assert_same_tensors,
     batch_loss_and_grads,
     parameters,
+    reference_weighted_loss,
     sft_trainer,
     weighted_data,
     weighted_trainer,
 )
-from test_weighted_sft import _reference_loss
 
 from kinfolk.testing import build_model, conversational_dataset
 from kinfolk.tokens import IGNORE_INDEX
@@ -47,12 +47,13 @@ def test_unit_weights_train_like_sft_trainer_over_several_steps(tiny_tokenizer, 
     theirs = sft_trainer(tiny_tokenizer, weighted_data(8).remove_columns("weight"), tmp_path / "s", **options)
     theirs.train()
     assert_same_tensors(parameters(ours.model), parameters(theirs.model))
-    for mine, reference in zip(ours.state.log_history, theirs.state.log_history):
+    steps = [[entry for entry in trainer.state.log_history if "loss" in entry] for trainer in (ours, theirs)]
+    assert len(steps[0]) == len(steps[1]) == 2  # one logged entry per step
+    for mine, reference in zip(*steps):
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
-            if key in reference:
-                assert mine[key] == reference[key], key
-        if "loss" in reference:  # with unit weights the unweighted loss is SFTTrainer's loss
-            assert mine["unweighted_loss"] == pytest.approx(reference["loss"], rel=1e-6)
+            assert mine[key] == reference[key], key
+        # with unit weights the unweighted loss is SFTTrainer's loss
+        assert mine["unweighted_loss"] == pytest.approx(reference["loss"], rel=1e-6)
 
 
 def test_unweighted_loss_is_the_pooled_token_loss_of_each_step(tiny_tokenizer, tmp_path):
@@ -74,9 +75,9 @@ def test_unweighted_loss_is_the_pooled_token_loss_of_each_step(tiny_tokenizer, t
         for row in trainer.train_dataset
     ]
     model = build_model("llama", tokenizer=tiny_tokenizer)
-    unweighted = _reference_loss(model, rows, [1.0] * len(rows), 0.2, "token")
+    unweighted = reference_weighted_loss(model, rows, [1.0] * len(rows), 0.2, "token")
     weights = [row["example_weights"][0] for row in trainer.train_dataset]
-    weighted = _reference_loss(model, rows, weights, 0.2, "token")
+    weighted = reference_weighted_loss(model, rows, weights, 0.2, "token")
     logged = [record for record in trainer.state.log_history if "loss" in record]
     assert [record["step"] for record in logged] == [1, 2]
     for record in logged:
@@ -212,30 +213,37 @@ def test_eval_loss_is_sfts_unless_weighted(tiny_tokenizer, tmp_path):
 
 
 DDP_JOB = Path(__file__).with_name("weighted_sft_ddp_job.py")
+DDP_MODES = ["weights", "output_kl"]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
-@pytest.mark.parametrize("mode", ["weights", "output_kl"])
-def test_two_cpu_processes_give_the_update_of_one_process(tiny_tokenizer, tmp_path, mode):
-    """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows.
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Both modes trained by one 2-process launch (each launch starts two interpreters with the whole stack).
 
     accelerate 1.15 runs `--cpu --num_processes 2` as a single process unless an MPI hostfile is given;
     `--multi_gpu` on a machine without GPUs starts two torchrun workers that use gloo on the CPU.
     """
-    out = tmp_path / "ddp.pt"
+    root = tmp_path_factory.mktemp("weighted-sft-ddp")
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, mode, str(tmp_path / "run"), str(out)], check=True, env=environment, timeout=600)
+    subprocess.run([*command, str(root), *DDP_MODES], check=True, env=environment, timeout=600)
+    return {mode: torch.load(root / f"{mode}.pt") for mode in DDP_MODES}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
+@pytest.mark.parametrize("mode", DDP_MODES)
+def test_two_cpu_processes_give_the_update_of_one_process(launched, tiny_tokenizer, tmp_path, mode):
+    """Two CPU processes (gloo) with 4 rows each give the update of one process with the same 8 rows."""
     sys.path.insert(0, str(DDP_JOB.parent))
     from weighted_sft_ddp_job import train_once
 
     single = train_once(tiny_tokenizer, tmp_path / "single", mode, processes=1)
-    launched = torch.load(out)
-    assert (launched["num_processes"], launched["backend"]) == (2, "gloo")
+    record = launched[mode]
+    assert (record["num_processes"], record["backend"]) == (2, "gloo")
     logged = single.state.log_history[0]
-    assert launched["num_tokens"] == logged["num_tokens"]  # the same 8 rows in all
+    assert record["num_tokens"] == logged["num_tokens"]  # the same 8 rows in all
     # pooled over both ranks' tokens, as one process pools its two micro-batches
     for key in ("loss", "unweighted_loss"):
-        assert launched[key] == pytest.approx(logged[key], rel=1e-5), key
-    assert_same_tensors(launched["parameters"], parameters(single.model), rel=1e-5)
+        assert record[key] == pytest.approx(logged[key], rel=1e-5), key
+    assert_same_tensors(record["parameters"], parameters(single.model), rel=1e-5)

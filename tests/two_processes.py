@@ -2,7 +2,8 @@
 `accelerate launch --multi_gpu` (with no GPU visible, two torchrun workers) for trainers and `kinfolk` verbs.
 
 Both use a free port (`--standalone`, or accelerate's `--main_process_port 0`), one thread per process, no visible
-GPU, and a generous timeout: the 2-process tests run beside other tests on two shared cores.
+GPU, and a generous timeout: the 2-process tests run beside other tests on two shared cores. `assert_same_gradients`
+compares what the ranks computed with one process's gradients.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 TIMEOUT = 900
 
@@ -40,3 +43,9 @@ def accelerate_flags() -> list[str]:
 def accelerate(script: Path, *arguments: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "accelerate.commands.launch", *accelerate_flags(), str(script)]
     return run([*command, *arguments], script.parent)
+
+
+def assert_same_gradients(sharded: dict, single: dict) -> None:
+    assert sharded.keys() == single.keys() and single
+    for name, grad in single.items():
+        torch.testing.assert_close(sharded[name], grad, rtol=1e-5, atol=1e-7, msg=name)

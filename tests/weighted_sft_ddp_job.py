@@ -1,8 +1,9 @@
-"""One SGD step of WeightedSFTTrainer on 8 weighted rows; run under `accelerate launch` by the DDP tests.
+"""One SGD step of WeightedSFTTrainer on 8 weighted rows per mode; run under `accelerate launch` by the DDP tests.
 
-`python -m accelerate.commands.launch --multi_gpu --num_processes 2 weighted_sft_ddp_job.py MODE RUN_DIR OUT.pt`
-trains with 4 rows per process and writes the updated parameters (and the process count) to OUT.pt; the tests
-compare them with one process that takes the same 8 rows as 2 micro-batches of 4 (gradient accumulation).
+`python -m accelerate.commands.launch --multi_gpu --num_processes 2 weighted_sft_ddp_job.py RUN_DIR MODE [MODE ...]`
+trains each mode in turn with 4 rows per process (one launch for all: a launch costs two interpreters with the whole
+stack) and writes the updated parameters (and the process count) to RUN_DIR/MODE.pt; the tests compare them with one
+process that takes the same 8 rows as 2 micro-batches of 4 (gradient accumulation).
 MODE `weights`: full fine-tuning with example weights; `output_kl`: LoRA with the Output-KL regulariser too.
 """
 
@@ -51,19 +52,32 @@ def train_once(tokenizer, output_dir, mode: str, processes: int):
 
 
 if __name__ == "__main__":
+    import gc
     import os
 
     import torch
+    import torch.distributed as dist
 
     from kinfolk.testing import build_tokenizer
 
-    mode, run_dir, out = sys.argv[1:4]
-    # The launcher's WORLD_SIZE: the trainer's own distributed state exists only once the trainer does.
-    trainer = train_once(build_tokenizer(), run_dir, mode, processes=int(os.environ.get("WORLD_SIZE", "1")))
-    state = trainer.accelerator.state
-    if state.is_main_process:
-        summary = {"num_processes": state.num_processes, "backend": state.backend}
-        summary.update({key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")})
-        torch.save({**summary, "parameters": parameters(trainer.model)}, out)
-    # Tear gloo down before the interpreter does: exiting with the group alive can abort a rank at shutdown.
-    end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
+    run_dir, *modes = sys.argv[1:]
+    for index, mode in enumerate(modes):
+        # The launcher's WORLD_SIZE: the trainer's own distributed state exists only once the trainer does.
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        trainer = train_once(build_tokenizer(), f"{run_dir}/{mode}", mode, processes=processes)
+        state = trainer.accelerator.state
+        if state.is_main_process:
+            summary = {"num_processes": state.num_processes, "backend": state.backend}
+            summary.update(
+                {key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")}
+            )
+            torch.save({**summary, "parameters": parameters(trainer.model)}, f"{run_dir}/{mode}.pt")
+        if index == len(modes) - 1:
+            # Tear gloo down before the interpreter does: exiting with the group alive can abort a rank at shutdown.
+            end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
+        else:  # the next mode reuses the group: drop this run's DDP reducer while the group is alive
+            trainer.accelerator.free_memory()
+            trainer.model_wrapped = trainer.model
+            del trainer
+            gc.collect()
+            dist.barrier()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
-from test_weighted_sft_options import BY_NAME, assert_identity_and_doubling
+from weighted_sft_options_helpers import BY_NAME, assert_identity_and_doubling
 
 from kinfolk.testing import build_tokenizer
 

@@ -7,7 +7,7 @@ OUT_DIR/<check>.json per check, gathered by `gpu_checks.py summary`):
     python scale_checks.py launched TAG OUT_DIR     fit_atlas, LayerDistillationTrainer and the w ≡ 1 identity
               [--deepspeed CONFIG.json]             under the launcher's FSDP2 / ZeRO set-up
 
-`single` runs tests/test_weighted_sft_options.py's identity-and-doubling check (w ≡ 1 equals SFTTrainer; w = 2 on
+`single` runs tests/weighted_sft_options_helpers.py's identity-and-doubling check (w ≡ 1 equals SFTTrainer; w = 2 on
 half the rows doubles their step) for `activation_offloading`, `use_liger_kernel` (when liger-kernel imports) and
 `torch_compile` with the inductor backend, in fp32 with deterministic kernels. KINFOLK_GPU_CHECKS_DEVICE=cpu dry-runs
 the plumbing with gradient checkpointing in their place.
@@ -55,7 +55,7 @@ def _slug(name: str) -> str:
 
 
 def single(out: Path) -> None:
-    from test_weighted_sft_options import BY_NAME, assert_identity_and_doubling
+    from weighted_sft_options_helpers import BY_NAME, assert_identity_and_doubling
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)  # embedding backward's atomics would break rtol 1e-6
