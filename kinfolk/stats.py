@@ -275,9 +275,12 @@ def cluster_bootstrap_interval(
     estimate = float(np.mean([runs.mean() for runs in families]))
     rng = np.random.default_rng(seed)
     replicates = np.empty(n_resamples)
+    sizes = [runs.size for runs in families]
     for r in range(n_resamples):
         drawn = rng.integers(0, len(families), size=len(families))
-        replicates[r] = np.mean([rng.choice(families[f], size=families[f].size).mean() for f in drawn])
+        # Indexing with `integers` draws what `rng.choice(runs, size)` draws (the same stream, so committed intervals
+        # recompute to the bit) without choice's argument handling, a third of the time of a recompute.
+        replicates[r] = np.mean([families[f][rng.integers(0, sizes[f], size=sizes[f])].mean() for f in drawn])
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(replicates, [tail, 1.0 - tail])
     return Interval(estimate, float(low), float(high), confidence)
