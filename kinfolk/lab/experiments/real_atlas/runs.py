@@ -28,7 +28,7 @@ from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.experiments.real_atlas import corpus
 from kinfolk.lab.experiments.real_atlas.settings import RESIDUALS, RealAtlasSettings
-from kinfolk.lab.methods.replication import cached_json
+from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.world.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.lab.world.training import lab_trainer

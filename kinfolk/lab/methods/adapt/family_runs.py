@@ -27,7 +27,7 @@ from kinfolk.lab.methods.adapt.settings import (
     graded_problems,
     largest_drop,
 )
-from kinfolk.lab.methods.replication import cached_json, settings_key
+from kinfolk.lab.methods.cache import cached_json, settings_key
 from kinfolk.lab.world import corpus
 from kinfolk.lab.world.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.world.family import Family
