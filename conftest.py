@@ -50,7 +50,7 @@ def real_model_dir():
 
 @pytest.fixture(scope="session")
 def lab_cache_dir(tmp_path_factory):
-    """One lab cache per test session, so the slow tests build the quick family once (per worker)."""
+    """One lab cache per test session (per worker), keyed inside by config hash: each family is built once."""
     return tmp_path_factory.mktemp("lab-cache")
 
 
@@ -71,3 +71,12 @@ def atlas_adapter(tiny_kit, tmp_path_factory):
     fit_atlas(model, prompt_completion_dataset(16, seed=4), tiny_kit.tokenizer(), batch_size=8, progress=False)
     model.save_pretrained(folder)
     return {"base": base_dir, "adapter": folder}
+
+
+@pytest.fixture(scope="session")
+def micro_family(lab_cache_dir):
+    """The lab's micro family (`tests.lab_helpers.MICRO`), built once per session in the session's lab cache."""
+    from kinfolk.lab.world.family import LabConfig, build_family
+    from tests.lab_helpers import MICRO
+
+    return build_family(LabConfig(**MICRO), cache_dir=lab_cache_dir, progress=False)

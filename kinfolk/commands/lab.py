@@ -148,6 +148,9 @@ def _make_runs(chosen, args: RunArguments, argv: list[str]) -> None:
         if any(a == option or a.startswith(f"{option}=") for a in argv) and kind != chosen.unit_kind:
             units = PLURAL[chosen.unit_kind]
             raise InputError(f"{chosen.name}: its units are {units}, not {PLURAL[kind]} ({option}); use --{units}")
+    pilot = chosen.pilot() if args.pilot else None
+    if args.pilot and pilot is None:
+        raise InputError(f"{chosen.name} has no pilot (--pilot): its settings were fixed without one")
     if args.pilot and (args.units is not None or args.runs is not None or args.figure):
         raise InputError(f"{chosen.name}: --pilot runs the pilot's own seed, without --units, --runs or --figure")
     plot = chosen.runs_figure() if args.figure else None
@@ -157,14 +160,15 @@ def _make_runs(chosen, args: RunArguments, argv: list[str]) -> None:
         )
     keys = [] if args.pilot else run_keys(chosen, args.units, args.runs)
     log = Path("runs") / chosen.name / f"run-{os.getpid()}.log"
-    keep("every run's finished parts and every whole run's record")
+    settings = chosen.settings
+    keep(f"every whole run's record in {settings.records} and each run's finished parts under {settings.work}")
     with quiet(log, prog, verbose=args.verbose):
-        if args.pilot:
-            chosen_file = chosen.pilot()
+        if pilot is not None:
+            chosen_file = pilot()
             show(f"pilot choices: {chosen_file}" if chosen_file else "pilot: another process holds some of its runs")
             return
         records = make_runs(chosen, keys)
-        show(f"{chosen.name}: {len(records)} records kept in {chosen.settings.records}; log: {log}")
+        show(f"{chosen.name}: {len(records)} records kept in {settings.records}; log: {log}")
         if plot is not None:
             show(f"curves: {plot(records, args.figure)}")
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from kinfolk.errors import InputError
 from kinfolk.lab.protocol.plan import Plan, PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.lab.protocol.views import SelectionView
@@ -91,10 +90,10 @@ class Experiment(ABC):
         """Why `kinfolk lab experiment NAME run` has nothing to make (a re-analysis reads committed records), or None."""
         return None
 
-    def pilot(self) -> Path | None:
-        """Run the pilot that chose the plan's settings and write its choices (their file; None while another
-        process holds one of its runs). Only an experiment that had a pilot has one."""
-        raise InputError(f"{self.name} has no pilot: its settings were fixed without one")
+    def pilot(self) -> Callable[[], Path | None] | None:
+        """What runs the pilot that chose the plan's settings and writes its choices (returning their file; None while
+        another process holds one of its runs), if the experiment had a pilot."""
+        return None
 
     def runs_figure(self) -> Callable[[list[Mapping[str, Any]], str | Path], Path] | None:
         """What draws every unit's kept record (one run per unit) into a figure file, if the experiment has one."""

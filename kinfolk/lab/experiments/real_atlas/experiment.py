@@ -215,7 +215,10 @@ class RealAtlas(Experiment):
 
         return kept_record(self.settings, unit) or SeedRuns(self.settings).record(unit)
 
-    def pilot(self) -> Path | None:
+    def pilot(self) -> Callable[[], Path | None]:
+        return self.run_pilot
+
+    def run_pilot(self) -> Path | None:
         """The pilot seed's runs of every method (validation only); once all are kept, their choices in
         `PILOT_FILE`."""
         from kinfolk.atomic import write_json
