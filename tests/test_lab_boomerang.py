@@ -105,7 +105,7 @@ def test_two_micro_seeds_run_through_the_protocol(micro, results, tmp_path):
 def test_the_command_reads_the_kept_seeds_back_and_draws_their_curves(micro, results, tmp_path, monkeypatch, capsys):
     from kinfolk.commands import main
 
-    monkeypatch.setattr(RealBoomerang, "settings_class", lambda: micro)
+    monkeypatch.setattr(RealBoomerang, "settings_class", staticmethod(lambda: micro))
     monkeypatch.chdir(tmp_path)
     with no_training():
         assert main(["lab", "experiment", "real-boomerang", "run", "--figure", "curves.png"]) == 0

@@ -186,7 +186,7 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_
 def test_the_command_reads_the_kept_seeds_back_and_draws_their_curves(micro, results, tmp_path, monkeypatch, capsys):
     from kinfolk.commands import main
 
-    monkeypatch.setattr(RealAtlas, "settings_class", lambda: micro)
+    monkeypatch.setattr(RealAtlas, "settings_class", staticmethod(lambda: micro))
     monkeypatch.chdir(tmp_path)
     with no_training():
         assert main(["lab", "experiment", "real-atlas", "run", "--seeds", "1", "0", "--figure", "curves.png"]) == 0
