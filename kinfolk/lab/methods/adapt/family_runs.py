@@ -67,7 +67,7 @@ class AdaptFamily:
 
     def _say(self, message: str) -> None:
         if self.progress:
-            print(f"[kinfolk lab experiment adapt] family {self.family.config.seed}: {message}", flush=True)
+            print(f"[adapt] family {self.family.config.seed}: {message}", flush=True)
 
     def teacher_dir(self, name: str) -> Path:
         return self.family.models[name]
