@@ -50,7 +50,7 @@ def real_model_dir():
 
 @pytest.fixture(scope="session")
 def lab_cache_dir(tmp_path_factory):
-    """One lab cache per test session, so the slow tests build the quick family once (per worker)."""
+    """One lab cache per test session (per worker), keyed inside by config hash: each family is built once."""
     return tmp_path_factory.mktemp("lab-cache")
 
 
@@ -119,3 +119,13 @@ def score_setup(tiny_kit, tmp_path_factory):
     options = {"chunk_rows": 4}  # 10 chunks per model, so kills land inside a model's pass
     reference = score_dataset(Dataset.load_from_disk(str(data)), **models, use_cache=False, **options)
     return {"data": str(data), "models": models, "options": options, "reference": reference}
+
+
+@pytest.fixture(scope="session")
+def micro_family(lab_cache_dir):
+    """The lab's micro family (`tests.lab_helpers.MICRO`), built once per session in the session's lab cache."""
+    from lab_helpers import MICRO
+
+    from kinfolk.lab.world.family import LabConfig, build_family
+
+    return build_family(LabConfig(**MICRO), cache_dir=lab_cache_dir, progress=False)

@@ -543,29 +543,30 @@ def test_drift_refuses_a_run_without_its_three_values(drift_runs, tmp_path):
 @pytest.fixture
 def no_family_build(monkeypatch):
     """Fails the test if the lab starts building a family (minutes) before refusing."""
-    import kinfolk.lab.methods.replication
     import kinfolk.lab.world.family
 
     def refuse(*args, **kwargs):
         raise AssertionError("a family build started before the bad option was refused")
 
     monkeypatch.setattr(kinfolk.lab.world.family, "build_family", refuse)
-    monkeypatch.setattr(kinfolk.lab.methods.replication, "build_family", refuse)
 
 
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["experiment", "atlantis", "--families", "0"], "--families must be at least 1, got 0"),
-        (["experiment", "atlantis", "--families", "-2"], "--families must be at least 1, got -2"),
-        (["experiment", "atlas", "--families", "0"], "--families must be at least 1, got 0"),
-        (["experiment", "adapt", "--families", "0"], "--families must be at least 1, got 0"),
+        (["experiment", "atlantis-controls", "run", "--families", "7"], "family units [7] are not in its plan"),
+        (["experiment", "atlas-controls", "run", "--families", "-2"], "family units [-2] are not in its plan"),
+        (["experiment", "adapt-controls", "run", "--runs", "5"], "runs [5] are not in its plan"),
+        (["experiment", "adapt", "run"], "adapt re-analyses the committed records"),
         (["experiment", "lora"], "choose an experiment"),
     ],
 )
-def test_lab_refuses_an_experiment_with_nothing_to_run_before_building(tmp_path, no_family_build, argv, named):
-    out = tmp_path / "lab"
-    assert_command_refused(["lab", *argv, "--out", out, "--cache_dir", tmp_path / "cache"], named, destination=out)
+def test_lab_refuses_an_experiment_with_nothing_to_run_before_building(
+    tmp_path, monkeypatch, no_family_build, argv, named
+):
+    monkeypatch.chdir(tmp_path)  # where the runs' log and records would go
+    assert_command_refused(["lab", *argv], named, destination=tmp_path / "runs")
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- as real processes: exit code 2 and one line on stderr, no traceback -------------------------------------------
@@ -579,7 +580,7 @@ def test_real_processes_exit_2_with_one_line_and_no_traceback(family, files, mer
         (["merge", "patch", merge_case_config(merge_inputs, tmp_path, "STRANGER"), "--out", out], "qwen3-large-s1"),
         (["drift", "--target", TARGET, "--method", "atlas", "--out", out, "--run", "lora", "1", drift_runs / "broken"],
          "broken/drift.jsonl:3"),
-        (["lab", "experiment", "atlantis", "--families", "0", "--out", out], "--families must be at least 1"),
+        (["lab", "experiment", "atlantis-controls", "run", "--families", "9"], "family units [9] are not in its plan"),
     ]  # fmt: skip
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     for argv, named in cases:

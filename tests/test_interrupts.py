@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -125,46 +124,40 @@ def test_an_interrupted_patch_all_leaves_nothing_and_its_command_reruns(patch_se
     assert_same_files(out, patch_setup["reference"])
 
 
-def test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_them(tmp_path, monkeypatch):
-    """The command's wiring and the families runner's resume line, with a stub for each family's runs."""
-    import kinfolk.lab.methods.atlantis as experiment
-    import kinfolk.lab.methods.replication as replication
+def test_an_interrupted_lab_experiment_keeps_finished_runs_and_resumes_from_them(tmp_path, monkeypatch):
+    """The command's wiring and its resume line, with a stub for each family's run (kept as the maker keeps it)."""
+    from kinfolk.atomic import write_json
+    from kinfolk.lab.experiments.atlas_controls.experiment import AtlasControls
+    from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns
 
     ran = []
 
-    def run_family(family, work: Path) -> dict:
-        ran.append(family.seed)
-        if len(ran) == 2 and family.seed == 1:  # the first run of the command: stopped during its second family
+    def record(self, family: int, run: int) -> dict:
+        ran.append(family)
+        if len(ran) == 2 and family == 1:  # the first run of the command: stopped during its second family
             os.kill(os.getpid(), signal.SIGTERM)
-        return {"value": family.seed}
+        kept = {"record_version": AtlasControls.record_version, "family": family}
+        write_json(Path(self.settings.records) / str(family) / f"{run}.json", kept)
+        return kept
 
-    def stub_family(config, **kwargs):
-        return SimpleNamespace(seed=config, root=tmp_path / f"family-{config}", passed=True, checks=[])
-
-    def run_atlantis(out, seeds, settings, **options):
-        return replication.run_families(
-            "atlantis", out, seeds, lambda seed: seed, run_family, [], {"stub": True}, progress=True
-        )
-
-    monkeypatch.setattr(replication, "build_family", stub_family)
-    monkeypatch.setattr(experiment, "run_atlantis", run_atlantis)
-    monkeypatch.setattr("kinfolk.lab.demo.results_page.results_markdown", lambda results: "results table")
-    out = tmp_path / "lab-atlantis"
-    argv = ["lab", "experiment", "atlantis", "--families", "3", "--out", str(out)]
+    monkeypatch.setattr(AtlasControlsRuns, "record", record)
+    monkeypatch.chdir(tmp_path)  # the settings keep records and work relative to the working directory
+    settings = AtlasControls().settings
+    argv = ["lab", "experiment", "atlas-controls", "run", "--families", "0", "1", "2", "--runs", "0"]
 
     status, text = in_process(argv)
     assert status == 143, text
     line = text.strip().splitlines()[-1]
     assert line == (
-        f"kinfolk lab: stopped by SIGTERM; kept: every finished family's record and each family's "
-        f"finished runs under {out}; log: {out / 'run.log'}; resume: kinfolk {shlex.join(argv)}"
+        f"kinfolk lab: stopped by SIGTERM; kept: every whole run's record in {settings.records} and each run's "
+        f"finished parts under {settings.work}; log: {Path('runs', 'atlas-controls', f'run-{os.getpid()}.log')}; "
+        f"resume: kinfolk {shlex.join(argv)}"
     )
-    assert sorted(path.name for path in (out / "families").glob("*.json")) == ["0.json"]
+    assert sorted(p.parent.name for p in Path(settings.records).glob("*/0.json")) == ["0"]
     status, text = in_process(argv)
     assert status == 0, text
-    assert ran == [0, 1, 1, 2]  # family 0 was not run again
-    log = (out / "run.log").read_text()
-    assert "resuming: 1 of 3 families done earlier" in log and "resuming: 1 of 3 families" in text
+    assert ran == [0, 1, 1, 2]  # family 0's kept record was read back, not made again
+    assert not Path(settings.records, "0", "1.json").exists()  # only the runs asked for
 
 
 @pytest.mark.slow

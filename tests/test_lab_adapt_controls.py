@@ -1,11 +1,12 @@
 """adapt-controls: the base student's corpus shares no prompt with any variant's post-training rows (while version
 1's was large_instruct's own), one micro family through the protocol's runner (choices and endpoints recomputed by
-hand from the record), and the committed results recomputed from the plan and the kept records."""
+hand from the record)."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from lab_helpers import MICRO_ADAPT, run_micro
 
 from kinfolk.lab.experiments.adapt_controls.base_corpus import (
     BASE_CORPUS_OFFSET,
@@ -18,8 +19,6 @@ from kinfolk.lab.methods.adapt.settings import adapt_family_config
 from kinfolk.lab.protocol.views import SelectionView
 from kinfolk.lab.world import corpus
 from kinfolk.lab.world.family import Family
-from tests.family_runs_helpers import check_committed_results, run_micro
-from tests.test_lab_adapt_experiment import MICRO_ADAPT
 
 
 def _unbuilt_family(seed: int) -> Family:
@@ -55,10 +54,10 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 
 
 @pytest.fixture(scope="module")
-def micro_run(tmp_path_factory):
+def micro_run(lab_cache_dir, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("adapt-controls")
     experiment = AdaptControls(micro_settings(tmp_path))
-    record, results = run_micro(experiment, tmp_path)
+    record, results = run_micro(experiment, lab_cache_dir, tmp_path)
     return experiment, record, results
 
 
@@ -120,7 +119,3 @@ def test_micro_run_choices_and_endpoints_recomputed_by_hand(micro_run):
         assert got == (pytest.approx(routed["accuracy"] - max(affordable)) if affordable else None)
     primaries = {name for name, e in results["endpoints"].items() if e["primary"]}
     assert primaries == {p.name for p in experiment.primaries()} and len(primaries) == 6
-
-
-def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    check_committed_results(AdaptControls(), tmp_path, monkeypatch)

@@ -1,6 +1,6 @@
-"""The ADAPT lab experiment on one micro family (4-layer teacher, a few steps of everything): its models obey the
-methods' identities, its measurements equal independent recomputations from the saved models, and its endpoints
-are the declared functions of the family's record."""
+"""ADAPT's lab methods on one micro family (4-layer teacher, a few steps of everything): the family's record
+(`adapt_family`, what the demo runs) holds models that obey the methods' identities and measurements equal to
+independent recomputations from the saved models."""
 
 import json
 from pathlib import Path
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from lab_helpers import MICRO_ADAPT
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -16,39 +17,32 @@ from kinfolk.lab.methods.adapt import (
     METHODS,
     AdaptFamily,
     AdaptSettings,
+    adapt_family,
+    adapt_family_config,
     concordance,
-    declare_endpoints,
     format_of,
     graded_problems,
     largest_drop,
-    plot_curves,
-    run_adapt,
     teacher_agreement,
 )
 from kinfolk.lab.world.evaluate import skill_scores
 from kinfolk.plugins.adapt import LayerMap
 from kinfolk.plugins.adapt.cost import model_cost
 from kinfolk.plugins.adapt.routing import Outcomes, frontier
-from tests.test_lab_family import MICRO
 
-MICRO_ADAPT = MICRO | {"large_shape": {"num_hidden_layers": 4, "hidden_size": 32, "intermediate_size": 64}}
 SETTINGS = AdaptSettings(budgets=[2, 3], steps=2, batch_size=4, eval_problems=4, validation_problems=4,
                          kl_examples=8, routing_problems=3)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory):
-    """One micro family through `run_adapt` (the families runner): results, the family's record and its work."""
-    root = tmp_path_factory.mktemp("adapt")
-    results = run_adapt(root / "out", [0], SETTINGS, family_overrides=MICRO_ADAPT, cache_dir=root / "cache",
-                        progress=False)  # fmt: skip
-    record = json.loads((root / "out" / "families" / "0.json").read_text())
-    from kinfolk.lab.methods.adapt import adapt_family_config
+def experiment(lab_cache_dir, tmp_path_factory):
+    """One micro family's record (`adapt_family`), the family (built once per session) and its run's work."""
     from kinfolk.lab.world.family import build_family
 
-    family = build_family(adapt_family_config(0, **MICRO_ADAPT), cache_dir=root / "cache", progress=False)
-    run = AdaptFamily(family, root / "out" / "families" / "0", SETTINGS)
-    return {"results": results, "record": record, "family": family, "run": run}
+    family = build_family(adapt_family_config(0, **MICRO_ADAPT), cache_dir=lab_cache_dir, progress=False)
+    work = tmp_path_factory.mktemp("adapt") / "work"
+    record = json.loads(json.dumps(adapt_family(family, work, SETTINGS)))  # as a kept record reads back
+    return {"record": record, "family": family, "run": AdaptFamily(family, work, SETTINGS)}
 
 
 def _weights(directory) -> dict[str, torch.Tensor]:
@@ -186,45 +180,8 @@ def test_routing_is_the_librarys_frontier_on_the_saved_outcomes(experiment):
     ] * 3 + [5] * 3 + [6] * 3
 
 
-def test_endpoints_are_the_declared_functions_of_the_record(experiment):
-    results, record = experiment["results"], experiment["record"]
-    endpoints = results["endpoints"]
-    assert list(endpoints) == [e.name for e in declare_endpoints(SETTINGS)]
-    primary = [name for name, entry in endpoints.items() if entry["primary"]]
-    assert primary[0] == "interpolation/large_instruct/2 accuracy concordance"
-    assert endpoints[primary[0]]["per_family"] == [
-        pytest.approx(record["interpolation"]["large_instruct"]["2"]["accuracy_concordance"])
-    ]
-    curves = record["transfer"]["large_bracket"]["curves"]
-    gaps = [a["test"]["mean"] - b["test"]["mean"] for a, b in zip(curves["weight-delta"]["chosen"], curves["cross-patch"]["chosen"])]  # fmt: skip
-    assert endpoints["transfer/large_bracket/weight-delta - cross-patch"]["per_family"] == [
-        pytest.approx(np.mean(gaps[:-1]), abs=1e-6)
-    ]
-    verdicts = record["routing"]["weight-delta"]["dominance"]["minimum"].values()
-    assert endpoints["routing/weight-delta/minimum gain at equal cost"]["per_family"] == [
-        pytest.approx(np.mean([v["gain_at_cost"] for v in verdicts]), abs=1e-6)
-    ]
-    assert results["families"] == [0] and all(entry["ci95"] is None for entry in endpoints.values())  # 1 family
-
-
-def test_the_results_carry_every_curve_of_the_record_and_plot_them(experiment, tmp_path):
-    results, record = experiment["results"], experiment["record"]
-    chosen = record["interpolation"]["large_bracket"]["3"]["chosen"]
-    assert results["curves"]["interpolation"]["large_bracket"]["3"]["0"] == {
-        "layers": [size["layers"] for size in chosen],
-        "accuracy": [size["test"]["mean"] for size in chosen],
-        "kl": [size["kl"] for size in chosen],
-    }
-    transfer = results["curves"]["transfer"]["large_instruct"]
-    assert set(transfer) == set(METHODS)
-    assert transfer["cross-patch"]["0"]["kl"] == [s["kl"] for s in record["transfer"]["large_instruct"]["curves"]["cross-patch"]["chosen"]]  # fmt: skip
-    assert plot_curves(results, tmp_path / "curves.png").stat().st_size > 0
-
-
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="unknown stages"):
         AdaptSettings(stages=["interpolation", "pruning"])
     with pytest.raises(ValueError, match="routing_variant"):
         AdaptSettings(variants=["large_bracket"])
-    only_first = declare_endpoints(AdaptSettings(stages=["interpolation"], budgets=[300]))
-    assert {e.name.split("/")[0] for e in only_first} == {"interpolation"}

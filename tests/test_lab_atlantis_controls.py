@@ -1,13 +1,15 @@
 """atlantis-controls: the arms' rows and weights by hand, one micro family through the protocol's runner (every
 cell, arm and grid value; the weak cell on the strong pool's rows; choices and endpoints recomputed by hand from
-the record), resume without training, a run another process holds, and the committed results recomputed."""
+the record), resume without training, and a run another process holds."""
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset
+from lab_helpers import MICRO, run_micro
 
 from kinfolk.lab.experiments.atlantis_controls.arms import filtered_rows, training_rows, verifier_precision
 from kinfolk.lab.experiments.atlantis_controls.experiment import (
@@ -17,12 +19,9 @@ from kinfolk.lab.experiments.atlantis_controls.experiment import (
     AtlantisControls,
     comparison_name,
 )
-from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns as FamilyRuns
-from kinfolk.lab.experiments.atlantis_controls.runs import grid_key
+from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns, grid_key
 from kinfolk.lab.experiments.atlantis_controls.settings import ControlsSettings
 from kinfolk.lab.protocol.claims import claimed
-from tests.family_runs_helpers import check_committed_results, run_micro
-from tests.test_lab_family import MICRO
 
 
 def test_arms_rows_and_weights_by_hand():
@@ -65,11 +64,11 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 
 
 @pytest.fixture(scope="module")
-def micro_run(tmp_path_factory):
+def micro_run(lab_cache_dir, tmp_path_factory):
     """One micro family's run through the runner, under a plan written as `plan` writes it."""
     tmp_path = tmp_path_factory.mktemp("atlantis-controls")
     experiment = AtlantisControls(micro_settings(tmp_path))
-    record, results = run_micro(experiment, tmp_path)
+    record, results = run_micro(experiment, lab_cache_dir, tmp_path)
     return experiment, record, results, tmp_path
 
 
@@ -127,42 +126,43 @@ def test_micro_choices_and_endpoints_recomputed_by_hand(micro_run):
     assert results["endpoints"]["weak base: reverse answer accuracy"]["per_unit"][0] == pytest.approx(weak)
 
 
-def test_micro_run_resumes_from_its_kept_results_without_training(micro_run, monkeypatch):
+def test_micro_run_resumes_from_its_kept_results_without_training(micro_run, lab_cache_dir, monkeypatch):
     experiment, record, _, tmp_path = micro_run
-    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
+    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(lab_cache_dir))
 
     def refuse(*args, **kwargs):
         raise AssertionError("a kept result was trained again")
 
     monkeypatch.setattr("kinfolk.lab.methods.atlantis.train_and_score", refuse)
     elsewhere = dataclasses.replace(experiment.settings, records=str(tmp_path / "records-again"))
-    assert FamilyRuns(elsewhere).record(0, 0) == record  # every arm read back from the work folder
+    assert AtlantisControlsRuns(elsewhere).record(0, 0) == record  # every arm read back from the work folder
 
 
-def test_an_arm_held_by_a_live_process_is_left_to_it(micro_run, monkeypatch):
+def test_an_arm_held_by_a_live_process_is_left_to_it(micro_run, lab_cache_dir, monkeypatch):
     experiment, _, _, tmp_path = micro_run
-    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
-    settings = dataclasses.replace(
-        experiment.settings, records=str(tmp_path / "records-held"), work=str(tmp_path / "work-held")
-    )
-    runs = FamilyRuns(settings)
-    cell = settings.cells()[0]
-    held = Path(settings.work) / "0" / "run0" / "strong-pr" / "uniform-0.001"
+    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(lab_cache_dir))
+    work = tmp_path / "work-held"
+    shutil.copytree(experiment.settings.work, work)  # every arm kept but the one another process is running
+    held = work / "0" / "run0" / "strong-pr" / "uniform-0.001"
+    (held / "result.json").unlink()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an arm was trained: the held one, or a kept one again")
+
+    monkeypatch.setattr("kinfolk.lab.methods.atlantis.train_and_score", refuse)
+    settings = dataclasses.replace(experiment.settings, records=str(tmp_path / "records-held"), work=str(work))
+    runs = AtlantisControlsRuns(settings)
     with claimed(held):
-        assert runs.arm(0, 0, cell, "uniform", 1e-3) is None
+        assert runs.arm(0, 0, settings.cells()[0], "uniform", 1e-3) is None
         assert runs.record(0, 0) is None  # not whole while that arm is another process's
     assert not (Path(settings.records) / "0" / "0.json").exists()
 
 
-def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    check_committed_results(AtlantisControls(), tmp_path, monkeypatch)
-
-
-def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, monkeypatch):
+def test_uniform_extension_reselects_over_the_extended_grid_by_hand(micro_run, lab_cache_dir, monkeypatch):
     from kinfolk.lab.experiments.atlantis_controls.extension import EXTRA_RATE, chosen_test, extend
 
-    experiment, record, _, tmp_path = micro_run
-    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
+    experiment, record, _, _ = micro_run
+    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(lab_cache_dir))
     settings = experiment.settings
     result = extend(settings)
     assert result["grid"] == [EXTRA_RATE, *settings.learning_rates]

@@ -1,6 +1,6 @@
 """atlas-controls: the drift sources (disjoint splits, none the atlas's fitting data), one micro family through the
 protocol's runner (every method and grid point, step-0 floors of identity adapters, choices and endpoints
-recomputed by hand from the record), and the committed results recomputed from the plan and records."""
+recomputed by hand from the record)."""
 
 import dataclasses
 import math
@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lab_helpers import MICRO, run_micro
 
 from kinfolk.lab.experiments.atlas_controls.experiment import AtlasControls
-from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns as FamilyRuns
+from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns
 from kinfolk.lab.experiments.atlas_controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
 from kinfolk.lab.experiments.atlas_controls.sources import source_rows
 from kinfolk.lab.methods.atlas.runs import run_name
 from kinfolk.lab.protocol.views import SelectionView
-from tests.family_runs_helpers import check_committed_results, run_micro
-from tests.test_lab_family import MICRO
 
 
 def test_sources_share_nothing_across_splits_and_nothing_with_the_atlas_fit():
@@ -57,10 +56,10 @@ def micro_settings(tmp_path: Path) -> ControlsSettings:
 
 
 @pytest.fixture(scope="module")
-def micro_run(tmp_path_factory):
+def micro_run(lab_cache_dir, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("atlas-controls")
     experiment = AtlasControls(micro_settings(tmp_path))
-    record, results = run_micro(experiment, tmp_path)
+    record, results = run_micro(experiment, lab_cache_dir, tmp_path)
     return experiment, record, results, tmp_path
 
 
@@ -152,17 +151,13 @@ def test_a_ratio_near_the_floor_is_left_undefined():
     assert defined and all(v.value is None for v in defined)
 
 
-def test_a_kept_record_is_read_back_without_training(micro_run, monkeypatch):
+def test_a_kept_record_is_read_back_without_training(micro_run, lab_cache_dir, monkeypatch):
     experiment, record, _, tmp_path = micro_run
-    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(tmp_path / "lab"))
+    monkeypatch.setenv("KINFOLK_LAB_CACHE", str(lab_cache_dir))
 
     def refuse(*args, **kwargs):
         raise AssertionError("a kept run was trained again")
 
     monkeypatch.setattr("kinfolk.lab.methods.atlas.runs.train_run", refuse)
     elsewhere = dataclasses.replace(experiment.settings, records=str(tmp_path / "records-again"))
-    assert FamilyRuns(elsewhere).record(0, 0) == record
-
-
-def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    check_committed_results(AtlasControls(), tmp_path, monkeypatch)
+    assert AtlasControlsRuns(elsewhere).record(0, 0) == record

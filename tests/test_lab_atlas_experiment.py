@@ -1,24 +1,13 @@
-"""The ATLAS lab experiment: fronts, run selection and endpoints against a hand-made record worked out by hand, and
-one micro family whose measurements are recomputed from saved adapters or checked against identities (a fresh adapter
-is the frozen model)."""
+"""ATLAS's lab methods: fronts and run selection against a hand-made record worked out by hand, and the micro family's
+runs, whose measurements are recomputed from saved adapters or checked against identities (a fresh adapter is the
+frozen model)."""
 
-import dataclasses
-import json
 import math
 
 import pytest
 import torch
 
-from kinfolk.lab.methods.atlas import (
-    AtlasSettings,
-    analyse_target,
-    declare_endpoints,
-    fronts_summary,
-    mean_log_ratio,
-    plot_fronts,
-    select_runs,
-)
-from kinfolk.lab.methods.atlas import experiment as atlas_experiment
+from kinfolk.lab.methods.atlas import AtlasSettings, analyse_target, mean_log_ratio, select_runs
 from kinfolk.lab.methods.atlas import runs as atlas_runs
 
 
@@ -115,36 +104,7 @@ def test_fronts_and_endpoints_by_hand():
     }
     assert [p["target"] for p in analysis["methods"]["lora"]["front"]] == [0.4, 0.6, 0.8]  # (0.5, 0.4) is dominated
 
-    values = {
-        e.name: e.value(RECORD) for e in declare_endpoints(["reverse", "flip"], ["lora", "atlas", "norm-matched"])
-    }
-    assert values["reverse/norm-matched area vs lora"] == [pytest.approx(area / 0.48)]
-    assert values["reverse/atlas kl_plateau vs lora"] == [None]
-    assert values["reverse/atlas kl_mid vs norm-matched"] == [pytest.approx(math.log(0.05 / 0.3))]
-    assert values["reverse/norm-matched norm_target vs lora"] == [pytest.approx(math.log(2.0 / 1.0))]
-    assert values["reverse/atlas reach vs lora"] == [pytest.approx(0.7 - 0.8)]
-    assert values["reverse/geometry distance_ratio"] == [pytest.approx(3.0 / 1.2)]
     assert "undefined" in RECORD["analysis"]["flip"]  # no LoRA gain on flip: no value, not an error
-    assert values["flip/atlas area vs lora"] == [None]
-
-
-def test_primary_endpoints_are_every_method_against_lora_and_atlas_against_its_control():
-    primary = [e for e in declare_endpoints() if e.primary]
-    assert {e.baseline for e in primary} == {"lora", "norm-matched"}
-    assert all(not e.higher_is_better for e in primary)
-    assert len(primary) == 2 * (7 + 1) * 3  # targets × (methods vs LoRA + ATLAS vs control) × (area, two levels)
-
-
-def test_fronts_summary_and_plot(tmp_path):
-    summary = fronts_summary([RECORD])["fronts"]
-    family = summary["reverse"]["families"]["7"]
-    grid = summary["reverse"]["grid"]
-    half = grid.index(0.5)  # level 0.2 + 0.5 × 0.6 = 0.5
-    assert family["methods"]["norm-matched"]["kl"][half] == pytest.approx(0.3)
-    assert family["methods"]["atlas"]["kl"][-1] is None  # beyond its reach
-    assert summary["flip"]["families"]["7"]["methods"] == {}
-    path = plot_fronts({"fronts": summary}, tmp_path / "fronts.png")
-    assert path.stat().st_size > 0
 
 
 # ------------------------------------------------------------------------------------------------ micro family
@@ -164,14 +124,6 @@ SMALL = AtlasSettings(
     validation_problems=5,
     eval_problems=6,
 )
-
-
-@pytest.fixture(scope="module")
-def micro_family(tmp_path_factory):
-    from kinfolk.lab.world.family import LabConfig, build_family
-    from tests.test_lab_family import MICRO
-
-    return build_family(LabConfig(**MICRO), cache_dir=tmp_path_factory.mktemp("lab"), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -226,31 +178,3 @@ def test_a_run_measures_what_its_saved_adapter_gives(context, tmp_path):
             inputs.append(seen[-1][0][batch["attention_mask"].bool()])
     update = torch.cat(inputs) @ A.T @ B.T * layer.scaling["default"]
     assert last["norm_retained"] == pytest.approx(float(update.norm(dim=-1).mean()), rel=1e-4)
-
-
-def test_one_micro_family_runs_every_method_through_the_runner(micro_family, tmp_path, monkeypatch):
-    from kinfolk.lab.world.family import LabConfig
-    from tests.test_lab_family import MICRO
-
-    monkeypatch.setattr(atlas_experiment, "family_config", lambda seed, settings, quick: LabConfig(**MICRO))
-    results = atlas_experiment.run_atlas(
-        tmp_path / "out", [0], SMALL, cache_dir=micro_family.root.parent, progress=False
-    )
-    record = json.loads((tmp_path / "out" / "families" / "0.json").read_text())
-    assert {run["method"] for run in record["runs"]["reverse"].values()} == set(atlas_experiment.METHODS)
-    assert all([p["step"] for p in run["points"]] == [2, 4] for run in record["runs"]["reverse"].values())
-    assert record["analysis"]["reverse"] == analyse_target(record, "reverse")  # recomputable from the runs
-    assert set(record["geometry"]["reverse"]) >= {"target_distance", "retained_distance"}
-    assert results["fronts"]["reverse"]["families"].keys() == {"0"}
-    assert (tmp_path / "out" / "fronts.png").stat().st_size > 0
-    # resuming reads every run back instead of training it again
-    monkeypatch.setattr(atlas_experiment, "train_run", lambda *args, **kwargs: pytest.fail("trained again"))
-    (tmp_path / "out" / "families" / "0.json").unlink()
-    again = atlas_experiment.run_atlas(
-        tmp_path / "out", [0], SMALL, cache_dir=micro_family.root.parent, progress=False
-    )
-    assert again["endpoints"] == results["endpoints"]
-    # under other settings nothing is read back: a run of 2 steps is not one of 4
-    shorter = dataclasses.replace(SMALL, steps=2, methods=["lora"])
-    with pytest.raises(pytest.fail.Exception, match="trained again"):
-        atlas_experiment.run_atlas(tmp_path / "out", [0], shorter, cache_dir=micro_family.root.parent, progress=False)

@@ -1,5 +1,6 @@
 """The real-boomerang experiment in micro on a tiny model: its sizes are `merge patch`'s, its measurement is
-cross-entropy and KL as written by hand, and two seeds run through the protocol's runner."""
+cross-entropy and KL as written by hand, two seeds run through the protocol's runner, and the command reads them
+back and draws their curves."""
 
 import json
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lab_helpers import no_training
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.lab.experiments.real_boomerang.experiment import RealBoomerang, size_value
@@ -72,11 +74,17 @@ def test_measurement_is_cross_entropy_and_kl_by_hand(micro, tiny_kit):
     assert measured.agreement == agree / count
 
 
-def test_two_micro_seeds_run_through_the_protocol(micro, tmp_path):
+@pytest.fixture(scope="module")
+def results(micro, tmp_path_factory):
+    """Two micro seeds through the protocol's runner, under a plan written as `plan` writes it."""
+    tmp_path = tmp_path_factory.mktemp("protocol")
     experiment = RealBoomerang(micro)
     plan = tmp_path / "real-boomerang.plan.json"
     write_plan(experiment.plan(), plan)
-    results = run_experiment(experiment, plan, tmp_path / "protocol")
+    return run_experiment(experiment, plan, tmp_path / "work")
+
+
+def test_two_micro_seeds_run_through_the_protocol(micro, results, tmp_path):
     assert results["unit_kind"] == "seed" and results["units"] == [0, 1]
     kept = [json.loads((Path(micro.records) / f"{seed}.json").read_text()) for seed in (0, 1)]
     # the undistilled arm does not depend on the seed; the distilled one does
@@ -94,11 +102,13 @@ def test_two_micro_seeds_run_through_the_protocol(micro, tmp_path):
     assert plot_curves(kept, tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    root = Path(__file__).resolve().parents[1]
-    committed = root / "docs" / "results" / "real-boomerang.json"
-    monkeypatch.chdir(root)  # the plan's settings name the records relative to the repository
-    results = run_experiment(RealBoomerang(), root / "docs" / "results" / "real-boomerang.plan.json", tmp_path)
-    expected = json.loads(committed.read_text())
-    assert results["plan_sha256"] == expected["plan_sha256"]
-    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+def test_the_command_reads_the_kept_seeds_back_and_draws_their_curves(micro, results, tmp_path, monkeypatch, capsys):
+    from kinfolk.commands import main
+
+    monkeypatch.setattr(RealBoomerang, "settings_class", staticmethod(lambda: micro))
+    monkeypatch.chdir(tmp_path)
+    with no_training():
+        assert main(["lab", "experiment", "real-boomerang", "run", "--figure", "curves.png"]) == 0
+    out = capsys.readouterr().out
+    assert f"real-boomerang: 2 records kept in {micro.records}" in out and "curves: curves.png" in out
+    assert (tmp_path / "curves.png").stat().st_size > 0

@@ -1,27 +1,18 @@
-"""The ATLANTIS experiment: estimands by hand, endpoints from a hand-made record, the families runner (resume,
-protocol format, results that the protocol's checker `kinfolk lab check` passes), and one micro family end to end."""
+"""`kinfolk lab experiment NAME plan|run|analyse` (bad input refused in one line, an unknown name before torch loads,
+a plan never written over; `analyse` runs in the contract tester, `run`'s resume in test_interrupts.py) and
+ATLANTIS's methods: estimands by hand and one micro family through every cell and control."""
 
+import hashlib
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from datasets import Dataset
+from lab_helpers import RESULTS
 
-from kinfolk.lab import replication
-from kinfolk.lab.methods.atlantis import (
-    ENDPOINTS,
-    LOG_ESTIMAND,
-    AtlantisSettings,
-    atlantis_family,
-    log_estimand,
-    oracle_weights,
-)
-from kinfolk.lab.methods.replication import Endpoint, run_families
-from kinfolk.lab.protocol.checks import check_results
-from kinfolk.stats import t_interval
+from kinfolk.lab.methods.atlantis import LOG_ESTIMAND, AtlantisSettings, atlantis_family, log_estimand, oracle_weights
 
 
 def test_estimands_by_hand():
@@ -47,95 +38,10 @@ def test_estimands_by_hand():
     )
 
 
-def _training(uniform: float, ratio: float, permuted: float) -> dict:
-    def entry(mean: float) -> dict:
-        return {"test": {"mean": mean}}
-
-    return {"uniform": entry(uniform), "ratio": entry(ratio), "ratio-permuted": entry(permuted), "oracle": None}
-
-
-def test_primary_endpoints_read_paired_differences_per_run():
-    record = {
-        "runs": [
-            {"cells": {"pr": {"training": _training(0.5, 0.7, 0.55)}}},
-            {"cells": {"pr": {"training": _training(0.4, 0.5, 0.45)}}},
-        ]
-    }
-    by_name = {e.name: e for e in ENDPOINTS}
-    assert by_name["pr/ratio - uniform"].primary
-    assert by_name["pr/ratio - uniform"].value(record) == pytest.approx([0.2, 0.1])
-    assert by_name["pr/ratio - permuted"].value(record) == pytest.approx([0.15, 0.05])
-    assert all(math.isnan(v) for v in by_name["pr/oracle - uniform"].value(record))  # no oracle run: no value
-    assert not by_name["pr/oracle - uniform"].primary
-
-
-def _stub_family(seed: int, passed: bool = True):
-    return SimpleNamespace(
-        root=Path(f"/families/key{seed}"), passed=passed, checks=[], config=SimpleNamespace(seed=seed)
-    )
-
-
-def test_run_families_resumes_and_writes_the_protocol_format(tmp_path, monkeypatch):
-    monkeypatch.setattr(replication, "build_family", lambda config, **kwargs: _stub_family(config.seed))
-    calls = []
-    gains = {0: 0.21, 1: 0.25, 2: 0.19, 3: 0.30, 4: 0.22}
-
-    def run_family(family, work):
-        calls.append(family.config.seed)
-        return {"gain": [gains[family.config.seed], gains[family.config.seed]]}
-
-    endpoints = [Endpoint("gain", "test gain", lambda r: r["gain"], baseline="uniform", primary=True)]
-    args = ("toy", tmp_path / "out", [0, 1, 2], lambda seed: SimpleNamespace(seed=seed), run_family, endpoints)
-    first = run_families(*args, {"steps": 1}, progress=False)
-    assert calls == [0, 1, 2] and first["endpoints"]["gain"]["ci95"] is None  # 3 families: values only
-    calls.clear()
-    args = (*args[:2], [0, 1, 2, 3, 4], *args[3:])
-    results = run_families(*args, {"steps": 1}, progress=False)
-    assert calls == [3, 4]  # families 0-2 were read back, not rerun
-    entry = results["endpoints"]["gain"]
-    assert entry["per_family"] == [0.21, 0.25, 0.19, 0.30, 0.22]
-    interval = t_interval(entry["per_family"])
-    assert entry["ci95"] == pytest.approx([interval.low, interval.high], abs=1e-6)  # rounded to 6 places
-    assert entry["favours_method"] == 5 and entry["primary"]
-    assert results["families"] == [0, 1, 2, 3, 4] and results["threshold_pass_rate"] == 1.0
-    calls.clear()
-    run_families(*args, {"steps": 2}, progress=False)  # other settings: nothing is reused
-    assert calls == [0, 1, 2, 3, 4]
-    check = check_results(tmp_path / "out" / "results.json")  # the protocol's own checker agrees with the file
-    assert check.kind == "protocol-1" and check.passed, check.lines()
-
-
-def test_an_endpoint_undefined_in_a_family_is_reported_without_an_interval(tmp_path, monkeypatch):
-    from kinfolk.lab.demo.results_page import endpoint_table
-
-    monkeypatch.setattr(replication, "build_family", lambda config, **kwargs: _stub_family(config.seed))
-    reached = {0: 0.1, 1: None, 2: 0.3, 3: float("nan"), 4: 0.2}  # families 1 and 3 never reach the level
-    endpoints = [Endpoint("kl", "log KL ratio", lambda r: [r["kl"]], baseline="lora", primary=True)]
-    results = run_families(
-        "toy",
-        tmp_path / "out",
-        list(reached),
-        lambda seed: SimpleNamespace(seed=seed),
-        lambda family, work: {"kl": reached[family.config.seed]},
-        endpoints,
-        {},
-        progress=False,
-    )
-    entry = results["endpoints"]["kl"]
-    assert entry["per_family"] == [0.1, None, 0.3, None, 0.2] and entry["undefined_families"] == 2
-    assert entry["mean"] == pytest.approx(0.2) and entry["favours_method"] == 3 and entry["ci95"] is None
-    row = endpoint_table(results).splitlines()[-1]
-    assert "values only (3 families; undefined in 2)" in row and "n/a" in row and "3 of 3" in row
-    check = check_results(tmp_path / "out" / "results.json")
-    assert check.kind == "protocol-1" and check.passed, check.lines()
-
-
-def test_one_micro_family_runs_every_cell_and_control(tmp_path):
-    from kinfolk.lab.world.family import LabConfig, build_family
+def test_one_micro_family_runs_every_cell_and_control(micro_family, tmp_path):
     from kinfolk.stats import effective_sample_size
-    from tests.test_lab_family import MICRO
 
-    family = build_family(LabConfig(**MICRO), cache_dir=tmp_path / "lab", progress=False)
+    family = micro_family
     settings = AtlantisSettings(
         pool_size=24,
         steps=1,
@@ -179,9 +85,29 @@ def test_one_micro_family_runs_every_cell_and_control(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["lab", "experiment", "atlantis", "--families", "0"], "--families must be at least 1, got 0"),
-        (["lab", "experiment", "atlantis", "--temperature", "1"], "unrecognized arguments: --temperature"),
-        (["lab", "experiment", "sideways"], "unknown experiment 'sideways'"),
+        (
+            ["lab", "experiment", "sideways"],
+            "unknown experiment 'sideways'; choose an experiment: adapt, adapt-controls",
+        ),
+        (["lab", "experiment"], "unknown experiment '(none)'"),
+        (
+            ["lab", "experiment", "atlas"],
+            "kinfolk lab experiment atlas needs an action: plan | run | analyse (got none)",
+        ),
+        (["lab", "experiment", "atlas", "rerun"], "needs an action: plan | run | analyse (got rerun)"),
+        (
+            ["lab", "experiment", "atlas", "run"],
+            "atlas re-analyses the committed records in docs/results/atlas-families",
+        ),
+        (["lab", "experiment", "atlas-controls", "run", "--families", "5"], "family units [5] are not in its plan"),
+        (["lab", "experiment", "atlas-controls", "run", "--runs", "2"], "runs [2] are not in its plan (runs: [0, 1])"),
+        (["lab", "experiment", "real-atlas", "run", "--families", "0"], "its units are seeds, not families"),
+        (["lab", "experiment", "atlas-controls", "run", "--seeds", "0"], "its units are families, not seeds"),
+        (["lab", "experiment", "atlas-controls", "run", "--figure", "x.png"], "atlas-controls draws no figure"),
+        (["lab", "experiment", "atlas-controls", "run", "--pilot"], "atlas-controls has no pilot"),
+        (["lab", "experiment", "real-atlas", "run", "--pilot", "--seeds", "0"], "--pilot runs the pilot's own seed"),
+        (["lab", "experiment", "atlas", "plan", "--temperature", "1"], "unrecognized arguments: --temperature"),
+        (["lab", "experiment", "atlas", "analyse", "--results", "nowhere"], "nowhere/atlas.plan.json"),
         (["lab"], "kinfolk lab needs an action"),
     ],
 )
@@ -196,7 +122,39 @@ def test_lab_command_refuses_bad_input_in_one_line(argv, message, capsys, tmp_pa
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
-    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_an_unknown_experiment_or_action_is_refused_before_torch_loads(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\nfrom kinfolk.commands import main\n"
+        "codes = [main(['lab', 'experiment', 'sideways']), main(['lab', 'experiment', 'atlas', 'rerun'])]\n"
+        "print(codes, [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.stdout.strip() == "[2, 2] []", done.stderr[-2000:]
+
+
+def test_plan_keeps_the_same_plan_and_refuses_another(tmp_path, capsys):
+    from kinfolk.commands import main
+
+    committed = RESULTS / "atlantis.plan.json"
+    (tmp_path / "atlantis.plan.json").write_bytes(committed.read_bytes())
+    assert main(["lab", "experiment", "atlantis", "plan", "--results", str(tmp_path)]) == 0
+    assert (tmp_path / "atlantis.plan.json").read_bytes() == committed.read_bytes()  # the same plan: kept
+    digest = hashlib.sha256(committed.read_bytes()).hexdigest()
+    assert capsys.readouterr().out.strip() == f"{tmp_path / 'atlantis.plan.json'}: sha256 {digest}"
+    (tmp_path / "atlas.plan.json").write_bytes(committed.read_bytes())  # another experiment's plan under atlas
+    assert main(["lab", "experiment", "atlas", "plan", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "atlas.plan.json exists with other content: a changed plan is a new version" in err and "\n" not in err
+    assert (tmp_path / "atlas.plan.json").read_bytes() == committed.read_bytes()  # untouched
+    assert main(["lab", "experiment", "real-boomerang", "plan", "--results", str(tmp_path / "new")]) == 0
+    written = (tmp_path / "new" / "real-boomerang.plan.json").read_bytes()
+    assert written == (RESULTS / "real-boomerang.plan.json").read_bytes()  # what the experiment plans
 
 
 def test_results_page_agrees_with_its_data(tmp_path):

@@ -1,30 +1,15 @@
-"""The lab's family build: deterministic per seed, cached by config hash, and (slow) the quick size passes."""
+"""The lab's family build: deterministic per seed, cached by config hash, and (slow) the quick size passes. The micro
+family is conftest's, built once per session."""
 
 from pathlib import Path
 
 import pytest
+from lab_helpers import MICRO
 from safetensors.torch import load_file
 
 from kinfolk.lab.world import family as lab_family
 from kinfolk.lab.world.family import MODELS, Family, LabConfig, build_family, load_family
 from kinfolk.lab.world.skills import SKILLS
-
-# A few steps of everything: the build's plumbing, not its skills.
-MICRO = {
-    "small_pretrain_steps": 3,
-    "large_pretrain_steps": 3,
-    "post_train_steps": 2,
-    "batch_size": 4,
-    "eval_problems": 4,
-    "small_shape": {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32},
-    "large_shape": {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64},
-    "thresholds": {},
-}
-
-
-@pytest.fixture(scope="module")
-def micro_family(tmp_path_factory):
-    return build_family(LabConfig(**MICRO), cache_dir=tmp_path_factory.mktemp("lab"), progress=False)
 
 
 def test_micro_family_has_every_model_scored(micro_family):

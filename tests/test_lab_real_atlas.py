@@ -1,6 +1,7 @@
 """The real-atlas experiment in micro on a tiny model: its splits are disjoint, its methods train as many parameters,
 its selection follows the written rule on validation, its endpoints are the test numbers of what was chosen, and a
-kept adapter reloads with `PeftModel.from_pretrained` to the KL its record reports (recomputed by hand)."""
+kept adapter reloads with `PeftModel.from_pretrained` to the KL its record reports (recomputed by hand), and the
+command reads the kept seeds back and draws their curves."""
 
 import dataclasses
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lab_helpers import RESULTS, ROOT, no_training
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -182,31 +184,21 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_
         assert not ours
 
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "docs" / "results"
+def test_the_command_reads_the_kept_seeds_back_and_draws_their_curves(micro, results, tmp_path, monkeypatch, capsys):
+    from kinfolk.commands import main
 
-
-def test_committed_results_are_what_the_plan_and_the_kept_records_give(tmp_path, monkeypatch):
-    from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, record_key
-    from kinfolk.lab.protocol.records import kept_record
-
-    monkeypatch.chdir(ROOT)  # the plan's settings name the records relative to the repository
-    experiment = RealAtlas()
-    missing = [
-        seed
-        for seed in experiment.units()
-        if kept_record(experiment.settings.records, record_key(seed), RECORD_VERSION) is None
-    ]
-    assert not missing, f"seeds {missing} have no kept record: the analysis would train them"
-    results = run_experiment(experiment, COMMITTED / "real-atlas.plan.json", tmp_path)
-    expected = json.loads((COMMITTED / "real-atlas.json").read_text())
-    assert results["plan_sha256"] == expected["plan_sha256"]
-    assert json.loads(json.dumps(results["endpoints"])) == expected["endpoints"]
+    monkeypatch.setattr(RealAtlas, "settings_class", staticmethod(lambda: micro))
+    monkeypatch.chdir(tmp_path)
+    with no_training():
+        assert main(["lab", "experiment", "real-atlas", "run", "--seeds", "1", "0", "--figure", "curves.png"]) == 0
+    out = capsys.readouterr().out
+    assert f"real-atlas: 2 records kept in {micro.records}" in out and "curves: curves.png" in out
+    assert (tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_the_plan_holds_the_pilots_choices_which_follow_its_rule():
-    pilot = json.loads((COMMITTED / "real-atlas-units" / "pilot.json").read_text())
-    settings = json.loads((COMMITTED / "real-atlas.plan.json").read_text())["settings"]
+    pilot = json.loads((RESULTS / "real-atlas-units" / "pilot.json").read_text())
+    settings = json.loads((RESULTS / "real-atlas.plan.json").read_text())["settings"]
     assert settings["learning_rates"] == pilot["learning_rates"]
     assert settings["output_kl_coef"] == pilot["output_kl_coef"]
     assert pilot["seed"] not in settings["seeds"]  # the pilot is not a unit

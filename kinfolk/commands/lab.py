@@ -1,9 +1,12 @@
-"""`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment <method>`: an experiment over
-families (`atlantis`: `kinfolk.lab.methods.atlantis`, `atlas`: `kinfolk.lab.methods.atlas`, `adapt`:
-`kinfolk.lab.methods.adapt`, each with its settings dataclass's options); `kinfolk lab check [FILE ...]`: committed results
-against the rules of `docs/protocol.md` (`kinfolk.lab.protocol.checks`).
+"""`kinfolk lab build [--quick] [--seed N]`: build (or load) the lab's model family; `kinfolk lab experiment NAME
+plan|run|analyse`: one registered experiment (`kinfolk.lab.protocol.EXPERIMENTS`) through the protocol; `kinfolk lab check
+[FILE ...]`: committed results against the rules of `docs/protocol.md` (`kinfolk.lab.protocol.checks`).
 
 `build` prints each model's accuracy per skill and the threshold checks, and exits 1 when a model missed one.
+`experiment NAME plan` writes `docs/results/NAME.plan.json` (never over a different plan), `run` makes the plan's
+records (`--families`/`--seeds F ...`, `--runs R ...`: some of them; processes started alike share them; `--pilot`:
+the pilot that chose the settings, where there was one), `analyse` writes `docs/results/NAME.json` from the
+committed plan and the kept records (`kinfolk.lab.protocol.actions`).
 `check` checks the named results files, or with none every results file of `--results_dir` (default
 `docs/results` of the checkout it runs in, legacy records included): one line per file that passes, one line per
 broken rule (file, endpoint, rule) otherwise, and exit 2 when any rule is broken.
@@ -39,26 +42,35 @@ class BuildArguments:
 
 
 @dataclass
-class ExperimentArguments:
-    families: int = field(
-        default=5, metadata={"help": "Number of families: seeds first_family ... first_family + families - 1."}
-    )
-    first_family: int = field(default=0, metadata={"help": "Seed of the first family."})
-    quick: bool = field(default=False, metadata={"help": "On quick families (a plumbing check, not evidence)."})
-    out: str | None = field(
-        default=None, metadata={"help": "Output directory (default runs/lab-<experiment>); an existing one resumes."}
-    )
-    overwrite: bool = field(default=False, metadata={"help": "Start over instead of resuming an existing --out."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Lab family cache root."})
-    allow_failed_family: bool = field(
-        default=False,
-        metadata={"help": "Use families that missed a build threshold (the results list them) instead of stopping."},
-    )
-    verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else: OUT/run.log)."})
+class PlanArguments:
+    results: str = field(default="docs/results", metadata={"help": "Folder of the plan files and results."})
 
-    def __post_init__(self) -> None:
-        if self.families < 1:
-            raise InputError(f"--families must be at least 1, got {self.families}")
+
+@dataclass
+class RunArguments:
+    units: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "The plan's units to run, families or seeds as its unit kind is (default: every unit).",
+            "aliases": ["--families", "--seeds"],
+        },
+    )
+    runs: list[int] | None = field(default=None, metadata={"help": "Runs of each unit (default: every run)."})
+    pilot: bool = field(
+        default=False, metadata={"help": "The pilot that chose the plan's settings instead (real-atlas has one)."}
+    )
+    figure: str | None = field(
+        default=None, metadata={"help": "Then draw the runs' curves into this PNG (real-atlas, real-boomerang)."}
+    )
+    verbose: bool = field(
+        default=False, metadata={"help": "Show the libraries' output (else: runs/NAME/run-PID.log)."}
+    )
+
+
+@dataclass
+class AnalyseArguments:
+    results: str = field(default="docs/results", metadata={"help": "Folder of the committed plan and the results."})
+    work: str = field(default="runs/protocol", metadata={"help": "Where the protocol's per-run records are kept."})
 
 
 def build(argv: list[str]) -> int:
@@ -85,54 +97,86 @@ def build(argv: list[str]) -> int:
     return 0 if family.passed else 1
 
 
-# experiment -> (module, its settings dataclass, its runner): the experiments on the families runner
-EXPERIMENTS = {
-    "atlantis": ("kinfolk.lab.methods.atlantis", "AtlantisSettings", "run_atlantis"),
-    "atlas": ("kinfolk.lab.methods.atlas", "AtlasSettings", "run_atlas"),
-    "adapt": ("kinfolk.lab.methods.adapt", "AdaptSettings", "run_adapt"),
-}
+EXPERIMENT_ACTIONS = {"plan": PlanArguments, "run": RunArguments, "analyse": AnalyseArguments}
+UNIT_OPTIONS = {"--families": "family", "--seeds": "seed"}  # how `--units` may be spelled, per unit kind
+PLURAL = {"family": "families", "seed": "seeds"}
 
 
 def experiment(argv: list[str]) -> int:
-    from importlib import import_module
+    from kinfolk.lab.protocol import EXPERIMENTS
 
+    prog = "kinfolk lab experiment"
     if argv[:1] and argv[0] in HELP:
-        print_usage("kinfolk lab experiment", EXPERIMENTS, __doc__)
+        print_usage(prog, sorted(EXPERIMENTS), __doc__)
         return 0
     if not argv or argv[0] not in EXPERIMENTS:
-        choices = ", ".join(EXPERIMENTS)
+        choices = ", ".join(sorted(EXPERIMENTS))
         raise InputError(f"unknown experiment {' '.join(argv[:1]) or '(none)'!r}; choose an experiment: {choices}")
-    from kinfolk.atomic import check_destination, check_writable
-    from kinfolk.console import LOG_FILE, quiet
-    from kinfolk.interrupt import keep
-    from kinfolk.lab.demo.results_page import results_markdown
-    from kinfolk.lab.world.family import default_cache_dir
-
     name = argv[0]
-    module_name, settings_class, runner = EXPERIMENTS[name]
-    module = import_module(module_name)
-    parser = VerbParser((ExperimentArguments, getattr(module, settings_class)), prog=f"kinfolk lab experiment {name}")
-    args, settings = parser.parse(argv[1:])
-    if args.families < 5:
-        print(f"note: {args.families} families give values only, no interval (the lab protocol asks for 5)")
-    out = Path(args.out or f"runs/lab-{name}")
-    if not out.exists():
-        check_destination(out, args.overwrite)  # before the log is opened inside it
-    check_writable(args.cache_dir or default_cache_dir())  # where the families are built, before the log too
-    keep(f"every finished family's record and each family's finished runs under {out}")
-    with quiet(out / LOG_FILE, f"kinfolk lab experiment {name}", verbose=args.verbose):
-        results = getattr(module, runner)(
-            out,
-            list(range(args.first_family, args.first_family + args.families)),
-            settings,
-            quick=args.quick,
-            cache_dir=args.cache_dir,
-            allow_failed_family=args.allow_failed_family,
-            overwrite=args.overwrite,
-        )
-    print(results_markdown(results))
-    print(f"results: {out}; log: {out / LOG_FILE}")
+    if argv[1:2] and argv[1] in HELP:
+        print_usage(f"{prog} {name}", EXPERIMENT_ACTIONS, __doc__)
+        return 0
+    if argv[1:2] == [] or argv[1] not in EXPERIMENT_ACTIONS:
+        actions = " | ".join(EXPERIMENT_ACTIONS)
+        raise InputError(f"{prog} {name} needs an action: {actions} (got {' '.join(argv[1:2]) or 'none'})")
+    action = argv[1]
+    (args,) = VerbParser(EXPERIMENT_ACTIONS[action], prog=f"{prog} {name} {action}").parse(argv[2:])
+    from kinfolk.lab.protocol import get_experiment
+
+    chosen = get_experiment(name)()
+    if action == "plan":
+        from kinfolk.lab.protocol.actions import write_experiment_plan
+
+        path, digest = write_experiment_plan(chosen, args.results)
+        print(f"{path}: sha256 {digest}")
+    elif action == "run":
+        _make_runs(chosen, args, argv[2:])
+    else:
+        from kinfolk.interrupt import keep
+        from kinfolk.lab.protocol.actions import analyse
+
+        keep(f"each run's protocol record under {args.work}/{name}")
+        path, results = analyse(chosen, args.results, args.work)
+        print(f"{path}: plan {results['plan_sha256'][:12]}")
     return 0
+
+
+def _make_runs(chosen, args: RunArguments, argv: list[str]) -> None:
+    """`kinfolk lab experiment NAME run`: the plan's records (or the pilot's choices), then the figure asked for."""
+    import os
+
+    from kinfolk.console import quiet, show
+    from kinfolk.interrupt import keep
+    from kinfolk.lab.protocol.actions import make_runs, run_keys
+
+    prog = f"kinfolk lab experiment {chosen.name} run"
+    for option, kind in UNIT_OPTIONS.items():
+        if any(a == option or a.startswith(f"{option}=") for a in argv) and kind != chosen.unit_kind:
+            units = PLURAL[chosen.unit_kind]
+            raise InputError(f"{chosen.name}: its units are {units}, not {PLURAL[kind]} ({option}); use --{units}")
+    pilot = chosen.pilot() if args.pilot else None
+    if args.pilot and pilot is None:
+        raise InputError(f"{chosen.name} has no pilot (--pilot): its settings were fixed without one")
+    if args.pilot and (args.units is not None or args.runs is not None or args.figure):
+        raise InputError(f"{chosen.name}: --pilot runs the pilot's own seed, without --units, --runs or --figure")
+    plot = chosen.runs_figure() if args.figure else None
+    if args.figure and plot is None:
+        raise InputError(
+            f"{chosen.name} draws no figure of its runs (--figure); its primaries' figure: docs/results.md"
+        )
+    keys = [] if args.pilot else run_keys(chosen, args.units, args.runs)
+    log = Path("runs") / chosen.name / f"run-{os.getpid()}.log"
+    settings = chosen.settings
+    keep(f"every whole run's record in {settings.records} and each run's finished parts under {settings.work}")
+    with quiet(log, prog, verbose=args.verbose):
+        if pilot is not None:
+            chosen_file = pilot()
+            show(f"pilot choices: {chosen_file}" if chosen_file else "pilot: another process holds some of its runs")
+            return
+        records = make_runs(chosen, keys)
+        show(f"{chosen.name}: {len(records)} records kept in {settings.records}; log: {log}")
+        if plot is not None:
+            show(f"curves: {plot(records, args.figure)}")
 
 
 @dataclass

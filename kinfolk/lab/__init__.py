@@ -8,12 +8,13 @@ Four folders, each one kind of thing:
   digests), `evaluate` (greedy skill scores), `tasks` (the `kinfolk_lab_*` lm-eval tasks), `heldout` (a real
   model measured against a reference on held-out rows).
 - `protocol/`: the rules of `docs/protocol.md` as code: plans, selection views, typed records, the `Experiment`
-  contract, the runner, its statistics and the results checker; `protocol.EXPERIMENTS` is the registry.
+  contract, the runner, its statistics, the results checker and the `actions` of `kinfolk lab experiment NAME
+  plan|run|analyse`; `protocol.EXPERIMENTS` is the registry.
 - `methods/`: what experiments share: ATLANTIS pools and scoring (`atlantis`), ATLAS runs and measurement
-  (`atlas`), ADAPT families (`adapt`), the real checkpoints' text (`real_corpus`), one `selection` module and version 1's families runner
-  (`replication`).
+  (`atlas`), ADAPT families (`adapt`), the real checkpoints' text (`real_corpus`), one `selection` module and the
+  on-disk `cache` of finished work.
 - `experiments/`: one folder per registered experiment, `experiments/<name>/` (`settings`, `runs`, `experiment`,
-  and `__main__`/`figure` where it has them).
+  and `figure` where it has one).
 - `demo/`: `kinfolk demo` (`pipeline`), its `report`, the results page (`results_page`) and `plots`.
 
 Nothing heavy is imported here. The command line is `kinfolk.commands.lab`.

@@ -1,4 +1,4 @@
-"""`kinfolk lab experiment atlantis`: ATLANTIS's weight formulas, each judged against its own estimand, over families.
+"""ATLANTIS in the lab: the weight formulas, each judged against its own estimand, on one family's pools.
 
 The paper's Eq. 7 (`ratio`, a − b) estimates p*/p_r for responses drawn from the reference model p_r; Algorithm 1
 (`algorithm1`, a − b + c) and Eq. 8 (`influence`, c − b) read the reference model too (a, b, c: log-probs of the
@@ -30,16 +30,16 @@ Per family and run (a fresh pool draw and training seed):
    rows: does it matter *which* rows get weight, or only the spread?). The score is the accuracy (correct answer in
    the preferred format) on the family's own copy + reverse test problems.
 
-Primary endpoints, declared here before any run (`ENDPOINTS`): for each training cell and formula, the paired
-accuracy difference against uniform SFT and against the permuted control; everything else is exploratory.
+`atlantis_family` makes one family's record of all this (the demo runs it on one family); version 1 ran it over
+families, and the registered `atlantis` experiment (`kinfolk.lab.experiments.atlantis`) re-analyses those committed
+records; `atlantis-controls` (version 3) reuses the pools, scoring and training here.
 
->>> [e.name for e in ENDPOINTS if e.primary][:2]
-['pr/ratio - uniform', 'pr/ratio - permuted']
+>>> FORMULA_NAMES, TRAINING_CELLS
+(('ratio', 'algorithm1', 'influence'), ('pr', 'pd-both'))
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
-from kinfolk.lab.methods.replication import Endpoint, cached_json, run_families
+from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.world import corpus
 from kinfolk.lab.world.evaluate import generate_responses, sample_responses
-from kinfolk.lab.world.family import POST_TRAINED_SKILLS, Family, LabConfig
+from kinfolk.lab.world.family import POST_TRAINED_SKILLS, Family
 from kinfolk.lab.world.skills import NOISE_MIXES, RESPONSE_KINDS, SKILLS, pool_log_probability, render, response_kind
 from kinfolk.lab.world.training import lab_trainer, save_model, single_threaded
 from kinfolk.stats import auc, effective_sample_size, pearson, spearman
@@ -346,104 +346,3 @@ def atlantis_family(
                 record["cells"][cell] = entry
             runs.append(record)
     return {"runs": runs}
-
-
-# ------------------------------------------------------------------------------------------------ endpoints
-def _difference(cell: str, method: str, baseline: str):
-    def per_run(record: dict[str, Any]) -> list[float]:
-        runs = [run["cells"][cell]["training"] for run in record["runs"]]
-        return [
-            training[method]["test"]["mean"] - training[baseline]["test"]["mean"]
-            if training[method] and training[baseline]
-            else float("nan")
-            for training in runs
-        ]
-
-    return per_run
-
-
-def _diagnostic(cell: str, key: str, statistic: str):
-    return lambda record: [run["cells"][cell]["diagnostics"][key][statistic] for run in record["runs"]]
-
-
-def _transfer(cell: str):
-    return lambda record: [run["cells"][cell]["transfer"]["spearman"] for run in record["runs"]]
-
-
-def declare_endpoints(training_cells=TRAINING_CELLS, formulas=FORMULA_NAMES) -> list[Endpoint]:
-    """The primary comparisons (every training cell × formula, against uniform and against its permuted control),
-    then the exploratory ones (oracle, the weights' agreement with the estimand, proportional transfer)."""
-    endpoints = []
-    for cell in training_cells:
-        for formula in formulas:
-            endpoints.append(
-                Endpoint(
-                    f"{cell}/{formula} - uniform",
-                    f"pool {cell}: test accuracy (copy + reverse, preferred format) of SFT with {formula} weights "
-                    "(temperature chosen on validation) minus uniform SFT",
-                    _difference(cell, formula, "uniform"),
-                    baseline="uniform",
-                    primary=True,
-                )
-            )
-            endpoints.append(
-                Endpoint(
-                    f"{cell}/{formula} - permuted",
-                    f"pool {cell}: test accuracy with {formula} weights minus the same weights permuted across rows "
-                    "(same ESS)",
-                    _difference(cell, formula, f"{formula}-permuted"),
-                    baseline=f"{formula}-permuted",
-                    primary=True,
-                )
-            )
-    for cell in training_cells:
-        endpoints.append(
-            Endpoint(
-                f"{cell}/oracle - uniform",
-                f"pool {cell}: test accuracy with the estimand's own weights minus uniform SFT",
-                _difference(cell, "oracle", "uniform"),
-                baseline="uniform",
-            )
-        )
-    for cell in CELLS:
-        for formula in FORMULA_NAMES:
-            for statistic in ("spearman", "auc_good"):
-                endpoints.append(
-                    Endpoint(
-                        f"{cell}/{formula} {statistic}",
-                        f"pool {cell}: {statistic} of {formula} weights (per byte, T = 1) against the estimand",
-                        _diagnostic(cell, f"{formula}/byte/1", statistic),
-                    )
-                )
-        endpoints.append(
-            Endpoint(
-                f"{cell}/proportional transfer",
-                f"pool {cell}: Spearman correlation of the large (log p_LI − a) and small (c − b) instruct shifts",
-                _transfer(cell),
-            )
-        )
-    return endpoints
-
-
-ENDPOINTS = declare_endpoints()
-
-
-def run_atlantis(
-    out: str | Path,
-    families: list[int],
-    settings: AtlantisSettings | None = None,
-    quick: bool = False,
-    **options,
-) -> dict[str, Any]:
-    """The experiment over `families` (family seeds); `options` go to `replication.run_families`."""
-    settings = settings or AtlantisSettings()
-    return run_families(
-        "atlantis",
-        out,
-        families,
-        lambda seed: LabConfig.quick_config(seed=seed) if quick else LabConfig(seed=seed),
-        lambda family, work: atlantis_family(family, work, settings),
-        declare_endpoints(settings.training_cells, settings.formulas),
-        {**dataclasses.asdict(settings), "quick": quick},
-        **options,
-    )

@@ -2,10 +2,11 @@
 
 `plan` (committed plans and their hashes), `views` (records with the test split unreachable), `records` (typed,
 versioned per-run records), `experiment` (the `Experiment` contract: settings, endpoints, selection and analysis
-stages), `analysis` (intervals, tests and Holm over units), `runner` (the stages over units and runs,
-resumable, refusing runs of another plan), `family_runs` (experiments whose runs are kept as per-family records),
-`claims` and `family_runs_cli` (processes started alike sharing those runs). `EXPERIMENTS` lists every experiment, by name, as the import path of its
-class, so listing them imports nothing heavy:
+stages, and how its runs are made), `analysis` (intervals, tests and Holm over units), `runner` (the stages over
+units and runs, resumable, refusing runs of another plan), `family_runs` (experiments whose runs are kept as
+per-family records), `reanalysis` (experiments over an earlier version's committed records), `claims` (processes
+started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME plan|run|analyse` does).
+`EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)
 ['adapt', 'adapt-controls', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang']

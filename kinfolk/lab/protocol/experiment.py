@@ -9,15 +9,19 @@ and its exploratory ones, and splits its work into two stages:
   test numbers of what was selected, with their absolute values and grid-edge flags).
 
 `load_run(unit, run)` produces the raw record of one run of one unit (training it, or, for a re-analysis, reading
-the committed one). `kinfolk.lab.protocol.runner` drives the stages over the plan's units and runs.
+the committed one). `kinfolk.lab.protocol.runner` drives the stages over the plan's units and runs;
+`kinfolk.lab.protocol.actions` is what `kinfolk lab experiment NAME plan|run|analyse` does with them: `run` makes
+the records (`make_run`, shared by processes started alike), with the experiment's `pilot` or `runs_figure` where
+it has them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from kinfolk.lab.protocol.plan import Plan, PrimaryEndpoint
@@ -76,6 +80,24 @@ class Experiment(ABC):
     @abstractmethod
     def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
         """The endpoints' values for one run, from its full record and its selection."""
+
+    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
+        """Make one run's raw record and keep it where `load_run` reads it (read back once kept); None while another
+        process holds part of it. By default `load_run`'s record, which is made when it is not kept yet."""
+        return self.load_run(unit, run)
+
+    def runs_made_elsewhere(self) -> str | None:
+        """Why `kinfolk lab experiment NAME run` has nothing to make (a re-analysis reads committed records), or None."""
+        return None
+
+    def pilot(self) -> Callable[[], Path | None] | None:
+        """What runs the pilot that chose the plan's settings and writes its choices (returning their file; None while
+        another process holds one of its runs), if the experiment had a pilot."""
+        return None
+
+    def runs_figure(self) -> Callable[[list[Mapping[str, Any]], str | Path], Path] | None:
+        """What draws every unit's kept record (one run per unit) into a figure file, if the experiment has one."""
+        return None
 
     def floor(self, endpoint: str) -> float | None:
         """The measured floor under a ratio endpoint (None: not a ratio, or not measured; the results say which)."""

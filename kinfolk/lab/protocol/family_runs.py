@@ -40,9 +40,12 @@ class FamilyRunsExperiment(Experiment):
     def runs_per_unit(self) -> int:
         return self.settings.runs
 
+    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
+        kept = kept_record(self.settings.records, record_key(unit, run), self.record_version)
+        return kept or self.family_runs().record(unit, run)
+
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = kept_record(self.settings.records, record_key(unit, run), self.record_version)
-        record = record or self.family_runs().record(unit, run)
+        record = self.make_run(unit, run)
         if record is None:
             raise RuntimeError(f"family {unit} run {run}: another process holds part of it; analyse when it ends")
         return record

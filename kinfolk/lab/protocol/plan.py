@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kinfolk.atomic import atomic_file
+from kinfolk.errors import InputError
 
 MAX_PRIMARIES = 6
 PLAN_SCHEMA = 1
 
 
-class PlanMismatch(RuntimeError):
+class PlanMismatch(InputError):
     """Results were about to be written for runs started under another plan (or a plan that is not the committed
     file)."""
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """A plan breaks the protocol (too many primaries, a primary without a baseline, a duplicate name)."""
 
 

@@ -46,6 +46,12 @@ class Reanalysis(Experiment):
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
         return self.split_record(self.committed(unit), run)
 
+    def runs_made_elsewhere(self) -> str | None:
+        return (
+            f"{self.name} re-analyses the committed records in {self.results_dir / self.records_dir} (made at commit "
+            f"{self.runs_commit}): it has no runs to make; `kinfolk lab experiment {self.name} analyse` reads them"
+        )
+
     def split_record(self, committed: dict[str, Any], run: int) -> dict[str, Any]:
         """The committed record of one run with every test measurement under a `test` key."""
         raise NotImplementedError

@@ -5,15 +5,14 @@ version, units, runs, settings, selection rules and primaries), then, for every 
 record from `work/<unit>/<run>.json` or makes it: `load_run`, `select` on the `SelectionView` (no test fields),
 `analyse`. Each record names the hash of the plan it was made under; a record of another plan stops the runner
 (`PlanMismatch`) rather than mixing runs of two plans into one result. `results(...)` summarises the records into
-the results JSON (`analysis.summarise`, Holm over the primaries), carrying the plan's hash.
+the results JSON (`analysis.summarise`, Holm over the primaries), carrying the plan's hash and the `command` that
+wrote them (`kinfolk.lab.protocol.actions.analyse` names it; None for results written by other code).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,9 @@ def run_record(experiment: Experiment, unit: int, run: int, plan_sha256: str, wo
     return record
 
 
-def run_experiment(experiment: Experiment, plan_file: str | Path, work: str | Path) -> dict[str, Any]:
+def run_experiment(
+    experiment: Experiment, plan_file: str | Path, work: str | Path, command: str | None = None
+) -> dict[str, Any]:
     """Every unit's and run's record under the committed plan, summarised into the results JSON."""
     plan, plan_sha256 = load_plan(plan_file)
     check_plan(experiment, plan)
@@ -70,10 +71,16 @@ def run_experiment(experiment: Experiment, plan_file: str | Path, work: str | Pa
         [run_record(experiment, unit, run, plan_sha256, work) for run in range(plan.runs_per_unit)]
         for unit in plan.units
     ]
-    return results(experiment, plan, plan_sha256, records)
+    return results(experiment, plan, plan_sha256, records, command)
 
 
-def results(experiment: Experiment, plan: Plan, plan_sha256: str, records: list[list[RunRecord]]) -> dict[str, Any]:
+def results(
+    experiment: Experiment,
+    plan: Plan,
+    plan_sha256: str,
+    records: list[list[RunRecord]],
+    command: str | None = None,
+) -> dict[str, Any]:
     """The results JSON from every unit's records (outer list: units, in the plan's order; inner: runs)."""
     if any(r.plan_sha256 != plan_sha256 for unit in records for r in unit):
         raise PlanMismatch(f"{experiment.name}: records of another plan among the runs")
@@ -83,11 +90,10 @@ def results(experiment: Experiment, plan: Plan, plan_sha256: str, records: list[
             runs = [[r.values[endpoint.name] for r in unit] for unit in records]
             endpoints[endpoint.name] = summarise(endpoint, runs, primary, experiment.floor(endpoint.name))
     correct(endpoints)
-    command = "python -m kinfolk.lab.protocol " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     return {
         "experiment": plan.experiment,
         "version": plan.version,
-        "command": command if Path(sys.argv[0]).parent.name == "protocol" else None,
+        "command": command,
         "plan_sha256": plan_sha256,
         "reanalysis": plan.reanalysis,
         "runs_commit": plan.runs_commit,

@@ -24,7 +24,7 @@ from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
 from kinfolk.lab.experiments.atlantis_controls.arms import training_rows, verifier_precision
 from kinfolk.lab.experiments.atlantis_controls.settings import BASES, Cell, ControlsSettings
-from kinfolk.lab.methods.replication import cached_json
+from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import record_key
 from kinfolk.lab.protocol.records import kept_path, kept_record

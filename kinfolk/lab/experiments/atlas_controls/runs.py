@@ -18,7 +18,7 @@ from kinfolk import console
 from kinfolk.atomic import write_json
 from kinfolk.lab.experiments.atlas_controls.settings import ControlsSettings
 from kinfolk.lab.methods.atlas.runs import run_name
-from kinfolk.lab.methods.replication import cached_json
+from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import record_key
 from kinfolk.lab.protocol.records import kept_path, kept_record

@@ -27,7 +27,8 @@ exploratory, with OSF's reach, and Output-KL took its place before the plan.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_atlas.corpus import RETAINED_SOURCES
@@ -47,6 +48,7 @@ from kinfolk.lab.protocol.views import SelectionView
 METHOD = "atlas"
 PRIMARY_OTHERS = ("lora", "norm-matched", "lora+output-kl")
 OTHERS = (*PRIMARY_OTHERS, "osf")
+PILOT_FILE = "docs/results/real-atlas-units/pilot.json"
 
 
 def _points(record: Mapping[str, Any], method: str, split: str) -> list[dict[str, Any]]:
@@ -127,10 +129,7 @@ class RealAtlas(Experiment):
         }
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, RealAtlasRuns, record_key
-
-        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
-        record = kept or RealAtlasRuns(self.settings).record(unit)
+        record = self.make_run(unit, run)
         if record is None:
             raise RuntimeError(f"seed {unit}: another process is still running one of its runs; analyse when it ends")
         return record
@@ -207,7 +206,35 @@ class RealAtlas(Experiment):
         }
 
     def provenance(self) -> dict[str, Any]:
-        return {"records": self.settings.records, "pilot": "docs/results/real-atlas-units/pilot.json"}
+        return {"records": self.settings.records, "pilot": PILOT_FILE}
+
+    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
+        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, RealAtlasRuns, record_key
+
+        return kept_record(self.settings.records, record_key(unit), RECORD_VERSION) or RealAtlasRuns(
+            self.settings
+        ).record(unit)
+
+    def pilot(self) -> Callable[[], Path | None]:
+        return self.run_pilot
+
+    def run_pilot(self) -> Path | None:
+        """The pilot seed's runs of every method (validation only); once all are kept, their choices in
+        `PILOT_FILE`."""
+        from kinfolk.atomic import write_json
+        from kinfolk.lab.experiments.real_atlas.pilot import choose, pilot_runs
+        from kinfolk.lab.experiments.real_atlas.runs import RealAtlasRuns
+
+        runs = RealAtlasRuns(self.settings, splits=("validation",))
+        if any(run is None for run in pilot_runs(runs, list(self.settings.methods)).values()):
+            return None
+        write_json(PILOT_FILE, choose(runs))
+        return Path(PILOT_FILE)
+
+    def runs_figure(self) -> Callable[[list[Mapping[str, Any]], str | Path], Path]:
+        from kinfolk.lab.experiments.real_atlas.figure import plot_curves
+
+        return plot_curves
 
 
 def _log_ratio(ours, theirs, source: str | None, edge: bool) -> EndpointValue:

@@ -7,7 +7,7 @@ best validation gain any LoRA run reaches, and a method's rate (Output-KL's stre
 at that level drifts least on validation (the highest-reaching one when none reaches it). A first version chose
 LoRA's rate as the one reaching the highest gain; LoRA's pilot runs showed that this hands LoRA its largest rate,
 which reaches the level with more drift than a smaller one, so the rule was made the same for all before the plan. `choose` returns the choices and the evidence;
-`python -m kinfolk.lab.experiments.real_atlas --pilot` writes them to `docs/results/real-atlas-units/pilot.json`.
+`kinfolk lab experiment real-atlas run --pilot` writes them to `docs/results/real-atlas-units/pilot.json`.
 """
 
 from __future__ import annotations

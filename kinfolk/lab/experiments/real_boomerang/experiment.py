@@ -21,7 +21,8 @@ Primaries (the trivial explanation each tests):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
@@ -148,3 +149,8 @@ class RealBoomerang(Experiment):
 
     def provenance(self) -> dict[str, Any]:
         return {"records": self.settings.records}
+
+    def runs_figure(self) -> Callable[[list[Mapping[str, Any]], str | Path], Path]:
+        from kinfolk.lab.experiments.real_boomerang.figure import plot_curves
+
+        return plot_curves

@@ -1,5 +1,4 @@
-"""The ADAPT lab experiment (`kinfolk lab experiment adapt`): ADAPT as the paper runs it, over families
-(`docs/protocol.md`).
+"""ADAPT in the lab: ADAPT as the paper runs it, over families (`docs/protocol.md`).
 
 The family (`adapt_family_config`) has an 8-layer teacher, so a student of every other layer plus the last
 (`{every: 2, last: 1}`: 5 layers, blocks [0, 2), [2, 4), [4, 6), [6, 7), [7, 8)) patches back through k = 0..5, four
@@ -26,24 +25,18 @@ issue asks for (`stages`):
    per length the
    smallest size that clears each threshold and measures the frontier on the test split against every fixed size.
 
-Endpoints (`declare_endpoints`, before any run): primary are the interpolation concordances (share of size pairs
-whose accuracy, and whose −KL, rise with size: 1 is monotone, 0.5 no trend), the transfer's paired accuracy
-differences (weight-delta − cross-patch, weight-delta − distilled, mean over the sizes below the variant) and the
-routing gain (routed accuracy at each fixed size's cost minus its accuracy, mean over sizes); the rest is exploratory.
+Version 1 (retired at the lab's one-layout change; its runner is at commit de49ff0) ran these stages over five
+families; the registered `adapt` experiment (`kinfolk.lab.experiments.adapt`) re-analyses its committed records, and
+`adapt-controls` (version 3) reuses the distillation and measurement here. The demo runs one family (`adapt_family`).
 
->>> [e.name for e in declare_endpoints(AdaptSettings()) if e.primary][:2]
-['interpolation/large_instruct/30 accuracy concordance', 'interpolation/large_instruct/30 KL concordance']
+>>> AdaptSettings().stages
+['interpolation', 'transfer', 'routing']
 
 Modules: `settings` (names, `AdaptSettings`, the family, the curve statistics), `agreement` (KL and cosines to the
-variant), `family_runs` (`AdaptFamily`: one family's stages), `endpoints` (version 1's declared endpoints),
-`experiment` (`run_adapt`, the curves' figure), `selection` (the patch-order and routing-threshold rules and the
-depth concordance every plan version uses), `reanalysis` (version 2: the protocol-2 analysis of the committed runs)
-and `controls` (version 3, `adapt-controls`: a base corpus disjoint from the variants' data, two seeds per family).
+variant) and `family_runs` (`AdaptFamily`: one family's stages).
 """
 
 from kinfolk.lab.methods.adapt.agreement import teacher_agreement
-from kinfolk.lab.methods.adapt.endpoints import declare_endpoints
-from kinfolk.lab.methods.adapt.experiment import curves_summary, plot_curves, run_adapt
 from kinfolk.lab.methods.adapt.family_runs import AdaptFamily, adapt_family
 from kinfolk.lab.methods.adapt.settings import (
     METHODS,
@@ -66,12 +59,8 @@ __all__ = [
     "adapt_family",
     "adapt_family_config",
     "concordance",
-    "curves_summary",
-    "declare_endpoints",
     "format_of",
     "graded_problems",
     "largest_drop",
-    "plot_curves",
-    "run_adapt",
     "teacher_agreement",
 ]

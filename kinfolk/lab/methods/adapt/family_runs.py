@@ -27,7 +27,7 @@ from kinfolk.lab.methods.adapt.settings import (
     graded_problems,
     largest_drop,
 )
-from kinfolk.lab.methods.replication import cached_json, settings_key
+from kinfolk.lab.methods.cache import cached_json, settings_key
 from kinfolk.lab.world import corpus
 from kinfolk.lab.world.evaluate import MAX_NEW_TOKENS, generate_responses, score_responses
 from kinfolk.lab.world.family import Family
@@ -67,7 +67,7 @@ class AdaptFamily:
 
     def _say(self, message: str) -> None:
         if self.progress:
-            print(f"[kinfolk lab experiment adapt] family {self.family.config.seed}: {message}", flush=True)
+            print(f"[adapt] family {self.family.config.seed}: {message}", flush=True)
 
     def teacher_dir(self, name: str) -> Path:
         return self.family.models[name]

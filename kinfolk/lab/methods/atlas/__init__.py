@@ -1,9 +1,8 @@
-"""The ATLAS lab experiment (`kinfolk lab experiment atlas`): ATLAS against its comparators as drift-versus-gain
-Pareto fronts, over families.
+"""ATLAS in the lab: ATLAS against its comparators as drift-versus-gain Pareto fronts, over families.
 
 The question: at equal gain on a target skill, does an ATLAS adapter move the model's retained behaviour less than
 LoRA and LoRA's regularised variants, and is that more than taking smaller steps? Each family is one draw of the
-world (`replication.run_families`, from `experiment`); inside it, every method learns each target skill from the
+world; inside it, every method learns each target skill from the
 frozen large base:
 
 - methods (`METHODS`): `lora`; `corda` (CorDA-KPM from the retained data); the ATLAS residuals `plain`, `centered`,
@@ -35,26 +34,19 @@ score. The reported fronts use only those configurations' test measurements. Lev
 test: 0 is the frozen score, 1 LoRA's best test score (its plateau); the comparison range is `AREA_RANGE` of that gain,
 the fixed levels `GAIN_LEVELS` (mid, near the plateau). A family where LoRA gains less than `MIN_GAIN` has no levels.
 
-Version 1's primary endpoints (`endpoints.declare_endpoints`), per target and method, paired with LoRA in the same family: the mean over the
-range of ln(KL_method / KL_LoRA) between the two fronts (the area between them on a log-KL axis, per unit of target
-score), and ln(KL_method / KL_LoRA) at the mid and near-plateau levels; and the same three for full ATLAS against the
-norm-matched control. Negative favours the method; exp(mean) is the geometric-mean KL ratio. A method whose front
-never reaches a level has no value in that family (it is counted, and the endpoint then has no interval): that it does
-not reach it is the result. Exploratory: F at the levels, each method's reach, the update norms at the mid level and
-the target tokens' distance from the retained atlas (`geometry`).
+Version 1 (retired at the lab's one-layout change; its runner is at commit de49ff0) ran this over five families; the
+registered `atlas` experiment (`kinfolk.lab.experiments.atlas`) re-analyses its committed records under protocol 2,
+and `atlas-controls` (version 3) reuses the runs and measurement here.
 
 >>> front([(0.2, 0.5), (0.4, 0.3), (0.6, 0.9)], 0.3)  # lowest measure among points scoring >= 0.3
 0.3
 >>> front([(0.2, 0.5)], 0.3) is None  # never reached
 True
 
-Modules: `settings` (names, `AtlasSettings`, the family), `runs` (measurement and training), `fronts` (version 1's
-analysis), `endpoints` (its declared endpoints), `experiment` (`run_atlas`, the fronts' figure) and `reanalysis`
-(the protocol-2 analysis of the committed runs, `kinfolk.lab.protocol`).
+Modules: `settings` (names, `AtlasSettings`, the family), `runs` (measurement and training) and `fronts` (version 1's
+analysis, which the demo reads).
 """
 
-from kinfolk.lab.methods.atlas.endpoints import ENDPOINTS, declare_endpoints
-from kinfolk.lab.methods.atlas.experiment import atlas_family, fronts_summary, plot_fronts, run_atlas
 from kinfolk.lab.methods.atlas.fronts import analyse_target, front, gain_levels, log_ratio, mean_log_ratio, select_runs
 from kinfolk.lab.methods.atlas.runs import Context, build_adapter, measure, prepare, train_run
 from kinfolk.lab.methods.atlas.settings import (
@@ -70,26 +62,20 @@ from kinfolk.lab.methods.atlas.settings import (
 __all__ = [
     "BASELINE",
     "CONTROL",
-    "ENDPOINTS",
     "GAIN_LEVELS",
     "METHODS",
     "TARGETS",
     "AtlasSettings",
     "Context",
     "analyse_target",
-    "atlas_family",
     "build_adapter",
-    "declare_endpoints",
     "family_config",
     "front",
-    "fronts_summary",
     "gain_levels",
     "log_ratio",
     "mean_log_ratio",
     "measure",
-    "plot_fronts",
     "prepare",
-    "run_atlas",
     "select_runs",
     "train_run",
 ]
