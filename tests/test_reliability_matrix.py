@@ -161,7 +161,7 @@ OUTPUTS: list[Output] = [
     ),
     Output(
         "lab build", "--cache_dir", "lab-cache", "lab build --quick --cache_dir {out}",
-        "kinfolk.lab.family.build_family",
+        "kinfolk.lab.world.family.build_family",
         beside=lambda path: run_log(path / quick_family_key()),
         exists="reused: the models trained to their end are loaded", overwrite="n/a (`--force` retrains in place)",
         heavy={
@@ -170,25 +170,18 @@ OUTPUTS: list[Output] = [
         },
     ),
     Output(
-        "lab experiment", "--out", "lab-atlantis",
-        f"lab experiment atlantis --quick --families 1 --out {{out}} {LAB_CACHE}",
-        "kinfolk.lab.atlantis_experiment.run_atlantis",
-        beside=lambda path: [path / console.LOG_FILE],
-        exists="resumed: its finished families are kept", overwrite="n/a (`--overwrite` starts the families over)",
-        heavy={"SIGTERM": f"{TERM}::test_an_interrupted_lab_experiment_keeps_finished_families_and_resumes_from_them"},
-    ),
-    Output(
-        "lab experiment", "--cache_dir", "lab-cache",
-        "lab experiment atlantis --quick --families 1 --out {root}/lab-atlantis --cache_dir {out}",
-        "kinfolk.lab.atlantis_experiment.run_atlantis",
-        exists=REUSED_FAMILIES, overwrite=CACHE, interrupted=AS_OUT,
+        "lab experiment", "--work", "protocol-work", "lab experiment atlantis analyse --work {out}",
+        "kinfolk.lab.protocol.actions.run_experiment",
+        exists="reused: the records made under this plan are read back", overwrite="n/a (no `--overwrite`)",
+        interrupted=NO_LOG,
+        heavy={"SIGTERM": f"{TERM}::test_an_interrupted_lab_experiment_keeps_finished_runs_and_resumes_from_them"},
     ),
     Output(
         "demo", "--cache_dir", "lab-cache", "demo --quick --out {root}/demo --cache_dir {out}",
-        "kinfolk.lab.demo.run_demo", exists=REUSED_FAMILIES, overwrite=CACHE, interrupted=AS_OUT,
+        "kinfolk.lab.demo.pipeline.run_demo", exists=REUSED_FAMILIES, overwrite=CACHE, interrupted=AS_OUT,
     ),
     Output(
-        "demo", "--out", "demo", f"demo --quick --out {{out}} {LAB_CACHE}", "kinfolk.lab.demo.run_demo",
+        "demo", "--out", "demo", f"demo --quick --out {{out}} {LAB_CACHE}", "kinfolk.lab.demo.pipeline.run_demo",
         beside=lambda path: [path / console.LOG_FILE],
         overwrite="n/a (the stages write into `--out`, so a stopped demo resumes there)",
     ),
@@ -223,7 +216,7 @@ HEAVY_CASES = ("SIGKILL mid-write", "SIGTERM", "full disk", "truncated inputs", 
 
 
 def quick_family_key() -> str:
-    from kinfolk.lab.family import LabConfig
+    from kinfolk.lab.world.family import LabConfig
 
     return LabConfig.quick_config(seed=0).cache_key()
 

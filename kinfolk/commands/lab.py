@@ -132,9 +132,11 @@ def experiment(argv: list[str]) -> int:
     elif action == "run":
         _make_runs(chosen, args, argv[2:])
     else:
+        from kinfolk.atomic import check_writable
         from kinfolk.interrupt import keep
         from kinfolk.lab.protocol.actions import analyse
 
+        check_writable(args.work)  # where each run's protocol record is kept, before the first is made
         keep(f"each run's protocol record under {args.work}/{name}")
         path, results = analyse(chosen, args.results, args.work)
         print(f"{path}: plan {results['plan_sha256'][:12]}")
