@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
-from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS
+from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS, size_value
 from kinfolk.lab.methods.adapt.settings import largest_drop
 from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
@@ -35,12 +35,6 @@ from kinfolk.lab.protocol.records import EndpointValue, kept_record
 from kinfolk.lab.protocol.views import SelectionView
 
 CONCORDANCE_NULL = 0.5
-
-
-def size_value(point: Mapping[str, Any], measure: str) -> float:
-    """A size's `measure` (nll, kl or agreement) averaged over the sources, each with equal weight."""
-    values = [source[measure] for source in point["sources"].values()]
-    return sum(values) / len(values)
 
 
 def _mean(values: list[float]) -> float:

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.demo.plots import plot_families, save_figure
-from kinfolk.lab.experiments.real_boomerang.experiment import size_value
-from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS
+from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS, size_value
 
 KL_AXIS_FLOOR = 1e-2
 MEASURES = (("nll", "log perplexity (mean over sources)", False), ("kl", "KL(teacher || size), nats/token", True))

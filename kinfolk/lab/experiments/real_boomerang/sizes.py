@@ -8,8 +8,9 @@ by `kinfolk.lab.world.heldout.TeacherReference` (the teacher's log-probabilities
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,6 +19,12 @@ from kinfolk.plugins.adapt.execute import materialise
 from kinfolk.plugins.adapt.plan import ModelPlan, plan_patch
 
 ORDERS = ("front-to-back", "back-to-front")
+
+
+def size_value(point: Mapping[str, Any], measure: str) -> float:
+    """A size's `measure` (nll, kl or agreement) averaged over the sources, each with equal weight."""
+    values = [source[measure] for source in point["sources"].values()]
+    return sum(values) / len(values)
 
 
 def build_size(model_plan: ModelPlan, inputs) -> torch.nn.Module:
