@@ -83,15 +83,18 @@ class DemoConfig:
 
     @classmethod
     def quick_config(cls, **overrides) -> DemoConfig:
+        """The `--quick` budgets (what CI runs): every stage and every kind of output on the quick family, at
+        budgets that show the pipeline works end to end, not what the methods can do (the full demo and the
+        experiments do that)."""
         quick = {
             "quick": True,
-            "pool_size": 768,
-            "sft_steps": 60,
-            "adapter_steps": 150,
-            "drift_points": 4,
-            "distil_steps": 80,
-            "eval_problems": 100,
-            "lm_eval_limit": 100,
+            "pool_size": 256,
+            "sft_steps": 20,
+            "adapter_steps": 40,
+            "drift_points": 2,
+            "distil_steps": 20,
+            "eval_problems": 50,  # routing: 10 problems per length and split
+            "lm_eval_limit": 50,
         }
         return cls(**(quick | overrides))
 
