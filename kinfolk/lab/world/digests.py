@@ -38,6 +38,11 @@ class Machine:
 
         return cls(torch.__version__, torch.backends.cpu.get_cpu_capability(), _cpu_name())
 
+    def described(self) -> str:
+        """The machine in words; the CPU's name counts too (an AMD EPYC with AVX512 trains other bits than an Intel
+        Xeon with AVX512 under the same torch build)."""
+        return f"torch {self.torch} on {self.cpu_capability}, {self.cpu}"
+
 
 @dataclass(frozen=True)
 class DocumentedFamily:
@@ -73,12 +78,10 @@ class DigestCheck:
             return f"family {self.key}: no documented digests for this key (docs/lab.md lists the documented ones)"
         if self.matches:
             return f"family {self.key}: every model's weights match the documented digests bit for bit"
-        where = self.documented.machine
         return (
-            f"family {self.key}: {', '.join(self.differing)} differ from the documented digests (built with torch "
-            f"{where.torch} on {where.cpu_capability}; here torch {self.machine.torch} on "
-            f"{self.machine.cpu_capability}): a family of the same design whose numbers agree within the intervals, "
-            "not the documented bits (docs/lab.md)"
+            f"family {self.key}: {', '.join(self.differing)} differ from the documented digests (built with "
+            f"{self.documented.machine.described()}; here {self.machine.described()}): a family of the same design "
+            "whose numbers agree within the intervals, not the documented bits (docs/lab.md)"
         )
 
 
