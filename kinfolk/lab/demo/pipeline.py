@@ -78,6 +78,7 @@ class DemoConfig:
     )
     distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
     distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
+    kl_examples: int = field(default=256, metadata={"help": "Examples of each ADAPT size's KL to its variant."})
     eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for every score."})
     lm_eval_limit: int | None = field(default=None, metadata={"help": "Problems per lm-eval task (None: all 200)."})
 
@@ -93,6 +94,7 @@ class DemoConfig:
             "adapter_steps": 40,
             "drift_points": 2,
             "distil_steps": 20,
+            "kl_examples": 64,
             "eval_problems": 50,  # routing: 10 problems per length and split
             "lm_eval_limit": 50,
         }
@@ -110,6 +112,7 @@ class DemoConfig:
             eval_problems=self.eval_problems,
             validation_problems=self.eval_problems,
             routing_problems=self.eval_problems // 5,
+            kl_examples=self.kl_examples,
         )
 
     def atlantis_settings(self) -> AtlantisSettings:
