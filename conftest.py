@@ -50,8 +50,21 @@ def real_model_dir():
 
 @pytest.fixture(scope="session")
 def lab_cache_dir(tmp_path_factory):
-    """One lab cache per test session (per worker), keyed inside by config hash: each family is built once."""
-    return tmp_path_factory.mktemp("lab-cache")
+    """One lab cache for the whole run, shared by parallel workers: families are keyed by their config hash and a
+    build holds a lock per key (`build_family`), so each family is built once per run."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return root / "lab-cache"
+
+
+@pytest.fixture(scope="session")
+def quick_lab_family(lab_cache_dir):
+    """The quick family, seed 0 (what `kinfolk demo --quick` and `kinfolk lab build --quick` use), built once per
+    run in `lab_cache_dir`."""
+    from kinfolk.lab.world.family import LabConfig, build_family
+
+    return build_family(LabConfig.quick_config(seed=0), cache_dir=lab_cache_dir, progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -208,53 +208,6 @@ def test_adapt_concordance_null_is_one_half_without_the_pinned_variant():
     assert depth_concordance([8, 8], [0.1, 0.2]) is None
 
 
-def _demo_results() -> dict:
-    """The parts of a demo's results.json the headline reads (one family, one run of each method)."""
-    scores = {"reverse": {"accuracy": 0.9, "answer_accuracy": 0.9}, "copy": {"accuracy": 1.0, "answer_accuracy": 1.0},
-              "flip": {"accuracy": 0.1, "answer_accuracy": 0.2}}  # fmt: skip
-    run = {"test": {"mean": 0.62}, "validation": {"mean": 0.6}, "ess_fraction": 1.0}
-    training = {"uniform": run, "oracle": {**run, "test": {"mean": 0.9}}, "ratio": {**run, "test": {"mean": 0.95}},
-                "ratio-permuted": {**run, "test": {"mean": 0.66}}}  # fmt: skip
-    size = {"test": {"mean": 0.8}}
-    curves = {m: {"chosen": [size, size]} for m in ("distilled", "weight-delta", "cross-patch")}
-    verdicts = {"average": {"k0": {"dominated": False, "gain_at_cost": 0.0}, "k1": {"dominated": True,
-                                                                                  "gain_at_cost": 0.2}}}  # fmt: skip
-    return {
-        "skills": {"retained": "copy", "target": "reverse", "held_out": "flip"},
-        "atlantis": {
-            "cell": "pr",
-            "settings": {"formulas": ["ratio"]},
-            "run": {"cells": {"pr": {"training": training}}},
-        },
-        "atlas": {
-            "scores": {"lora": scores, "atlas": scores},
-            "retained_kl": {"lora": [[0, 0.0], [10, 0.02]], "atlas": [[0, 0.0], [10, 0.001]]},
-            "analysis": {"undefined": "LoRA did not rise"},
-        },
-        "adapt": {
-            "transfer": {"large_instruct": {"curves": curves}, "large_bracket": {"curves": curves}},
-            "routing": {"distilled": {"dominance": verdicts}, "weight-delta": {"dominance": verdicts}},
-        },
-    }
-
-
-def test_demo_headline_claims_only_what_survives_holm_and_fits_100_columns():
-    from kinfolk.lab.demo.report import HEADLINE_WIDTH, headline_table
-
-    text = headline_table(_demo_results(), ROOT / "docs" / "results")
-    assert max(len(line) for line in text.splitlines()) <= HEADLINE_WIDTH
-    assert "(pool pr; 1 family)" in text
-    words = " ".join(text.split())  # as read, across the wrapped lines
-    committed = {n: json.loads((ROOT / "docs" / "results" / f"{n}.json").read_text()) for n in ("atlantis", "adapt")}
-    ratio = committed["atlantis"]["endpoints"]["pr/ratio - uniform"]
-    assert ratio["survives_holm"] and f"shown, {ratio['mean']:+.3f}" in words
-    distilled = committed["adapt"]["endpoints"]["routing/distilled: routed - best fixed at no more cost"]
-    assert not distilled["survives_holm"] and "not significant after correction" in words
-    blocks = [line for line in text.splitlines() if not line.startswith(" ")]
-    assert [b.split()[0] for b in blocks] == ["ATLANTIS", "ATLAS", "ADAPT", "ADAPT", "ADAPT"]  # one block per method
-    assert "docs/results.md" in headline_table(_demo_results(), ROOT / "nowhere")  # no committed results at hand
-
-
 def test_the_lab_imports_no_command():
     import ast
 

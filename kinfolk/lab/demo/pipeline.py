@@ -78,20 +78,25 @@ class DemoConfig:
     )
     distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
     distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
+    kl_examples: int = field(default=256, metadata={"help": "Examples of each ADAPT size's KL to its variant."})
     eval_problems: int = field(default=200, metadata={"help": "Test problems per skill for every score."})
     lm_eval_limit: int | None = field(default=None, metadata={"help": "Problems per lm-eval task (None: all 200)."})
 
     @classmethod
     def quick_config(cls, **overrides) -> DemoConfig:
+        """The `--quick` budgets (what CI runs): every stage and every kind of output on the quick family, at
+        budgets that show the pipeline works end to end, not what the methods can do (the full demo and the
+        experiments do that)."""
         quick = {
             "quick": True,
-            "pool_size": 768,
-            "sft_steps": 60,
-            "adapter_steps": 150,
-            "drift_points": 4,
-            "distil_steps": 80,
-            "eval_problems": 100,
-            "lm_eval_limit": 100,
+            "pool_size": 256,
+            "sft_steps": 20,
+            "adapter_steps": 40,
+            "drift_points": 2,
+            "distil_steps": 20,
+            "kl_examples": 64,
+            "eval_problems": 50,  # routing: 10 problems per length and split
+            "lm_eval_limit": 50,
         }
         return cls(**(quick | overrides))
 
@@ -107,6 +112,7 @@ class DemoConfig:
             eval_problems=self.eval_problems,
             validation_problems=self.eval_problems,
             routing_problems=self.eval_problems // 5,
+            kl_examples=self.kl_examples,
         )
 
     def atlantis_settings(self) -> AtlantisSettings:

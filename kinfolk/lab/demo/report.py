@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import textwrap
 from pathlib import Path
@@ -157,25 +156,19 @@ def lm_eval_rows(results: dict) -> list[list[Any]]:
 HEADLINE_WIDTH = 100  # a terminal's columns: each method's block wraps to it
 
 
-def evidence(experiment: str, endpoint: str, results_dir: Path | None = None) -> str:
-    """What the committed 5-family results say about `endpoint`: shown only where the primary survives Holm,
-    otherwise "not significant after correction", with the interval either way; exploratory endpoints claim
-    nothing. Without the committed results (an installed package) it points to docs/results.md."""
-    from kinfolk.lab.demo.results_page import RESULTS_DIR
+def evidence(question: str, baseline: str, mentioning: str = "", results_dir: Path | None = None) -> list[str]:
+    """What the newest committed experiment of `question` says about comparisons against `baseline` (those of
+    its primaries naming `mentioning`, where some do): one line per primary (`evidence.EvidenceRow.line`), shown
+    only where it survives Holm. Without the committed results (an installed package) it points to
+    docs/results.md."""
+    from kinfolk.lab.demo.evidence import RESULTS_DIR, evidence_rows
 
-    path = (results_dir or RESULTS_DIR) / f"{experiment}.json"
-    if not path.exists():
-        return "evidence over families: docs/results.md"
-    entry = json.loads(path.read_text())["endpoints"].get(endpoint)
-    if entry is None or not entry.get("ci95"):
-        return "evidence over families: docs/results.md"
-    span = f"{entry['mean']:+.3f} [{entry['ci95'][0]:+.3f}, {entry['ci95'][1]:+.3f}]"
-    units = f"{len(entry['per_unit'])} families, {endpoint}"
-    if not entry["primary"]:
-        return f"{units}: {span}, exploratory (no claim)"
-    if entry["survives_holm"]:
-        return f"{units}: shown, {span}, Holm-adjusted p {entry['p_holm']:.3g}"
-    return f"{units}: not significant after correction, {span}"
+    directory = results_dir or RESULTS_DIR
+    rows = evidence_rows(directory) if directory.is_dir() else []
+    rows = [row for row in rows if row.question == question and row.baseline == baseline]
+    if mentioning and any(mentioning in row.endpoint for row in rows):
+        rows = [row for row in rows if mentioning in row.endpoint]
+    return [row.line() for row in rows] or ["evidence over families: docs/results.md"]
 
 
 def _block(method: str, compared: str, lines: list[str]) -> str:
@@ -190,7 +183,6 @@ def _block(method: str, compared: str, lines: list[str]) -> str:
 def headline_table(results: dict, results_dir: Path | None = None) -> str:
     """Per method: what this one run measured against its baseline, and what the committed experiment over
     families says about that comparison. Each method is a block of lines no wider than `HEADLINE_WIDTH`."""
-    from kinfolk.lab.methods.adapt import ROUTED
 
     retained, target, _ = _roles(results)
     atlantis = results["atlantis"]
@@ -206,7 +198,7 @@ def headline_table(results: dict, results_dir: Path | None = None) -> str:
                 f"{retained}+{target} test accuracy, preferred format: {training['uniform']['test']['mean']:.2f} -> "
                 f"{training[formula]['test']['mean']:.2f} (same weights permuted "
                 f"{training[formula + '-permuted']['test']['mean']:.2f}{oracle})",
-                evidence("atlantis", f"{atlantis['cell']}/{formula} - uniform", results_dir),
+                *evidence("ATLANTIS", "uniform", f"{atlantis['cell']}: {formula}", results_dir),
             ],
         ),
         _block(
@@ -215,7 +207,7 @@ def headline_table(results: dict, results_dir: Path | None = None) -> str:
             [
                 f"{target} accuracy / retained KL: {t['lora'][1]:.2f} / {t['lora'][5]:.4f} -> {t['atlas'][1]:.2f} / "
                 f"{t['atlas'][5]:.4f} ({target_matched_text(results, short=True)})",
-                evidence("atlas", f"{target}/atlas vs lora: area", results_dir),
+                *evidence("ATLAS", "lora", f"{target}/", results_dir),
             ],
         ),
     ]
@@ -228,12 +220,12 @@ def headline_table(results: dict, results_dir: Path | None = None) -> str:
                 [
                     f"{retained}+{target} accuracy, own format: {smallest['cross-patch']:.2f} -> "
                     f"{smallest['weight-delta']:.2f} ({smallest['distilled']:.2f})",
-                    evidence("adapt", "transfer: weight-delta - cross-patch", results_dir),
+                    *evidence("ADAPT", "cross-patch", variant, results_dir),
                 ],
             )
         )
     routing = [f"graded reversal: {adapt_routing_text(results)}"]
-    routing += [evidence("adapt", f"routing/{m}: routed - best fixed at no more cost", results_dir) for m in ROUTED]
+    routing += evidence("ADAPT", "best fixed size", "routing/", results_dir)
     blocks.append(_block("ADAPT", "fixed sizes -> routing by length", routing))
     return "\n".join(blocks)
 

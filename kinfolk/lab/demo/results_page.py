@@ -3,7 +3,8 @@
 `docs/results.md` holds the prose; each experiment's tables sit between `<!-- results:<name> -->` and
 `<!-- /results:<name> -->` and are rewritten from the JSON by `update_results_page` (`python -m
 kinfolk.lab.demo.results_page`), so the page and the data cannot disagree (a test checks it). So is each experiment's
-figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`).
+figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`), and the README's evidence
+table (`evidence.update_readme`).
 
 >>> results = {"experiment": "demo", "families": [0, 1], "endpoints": {"gain": {
 ...     "primary": True, "baseline": "uniform", "per_family": [0.1, 0.3], "mean": 0.2, "ci95": None,
@@ -24,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file
+from kinfolk.lab.demo.evidence import RESULTS_DIR, update_readme
 from kinfolk.lab.demo.plots import save_figure
 
-RESULTS_DIR = Path("docs/results")
 RESULTS_PAGE = Path("docs/results.md")
 
 
@@ -234,3 +235,4 @@ def update_figures(results_dir: Path = RESULTS_DIR) -> list[Path]:
 if __name__ == "__main__":
     update_results_page()
     update_figures()
+    update_readme()

@@ -38,6 +38,11 @@ class Machine:
 
         return cls(torch.__version__, torch.backends.cpu.get_cpu_capability(), _cpu_name())
 
+    def described(self) -> str:
+        """The machine in words; the CPU's name counts too (an AMD EPYC with AVX512 trains other bits than an Intel
+        Xeon with AVX512 under the same torch build)."""
+        return f"torch {self.torch} on {self.cpu_capability}, {self.cpu}"
+
 
 @dataclass(frozen=True)
 class DocumentedFamily:
@@ -73,12 +78,10 @@ class DigestCheck:
             return f"family {self.key}: no documented digests for this key (docs/lab.md lists the documented ones)"
         if self.matches:
             return f"family {self.key}: every model's weights match the documented digests bit for bit"
-        where = self.documented.machine
         return (
-            f"family {self.key}: {', '.join(self.differing)} differ from the documented digests (built with torch "
-            f"{where.torch} on {where.cpu_capability}; here torch {self.machine.torch} on "
-            f"{self.machine.cpu_capability}): a family of the same design whose numbers agree within the intervals, "
-            "not the documented bits (docs/lab.md)"
+            f"family {self.key}: {', '.join(self.differing)} differ from the documented digests (built with "
+            f"{self.documented.machine.described()}; here {self.machine.described()}): a family of the same design "
+            "whose numbers agree within the intervals, not the documented bits (docs/lab.md)"
         )
 
 
@@ -102,8 +105,9 @@ def family_digests(models: dict[str, Path]) -> dict[str, str]:
     return {name: weight_digest(path) for name, path in models.items()}
 
 
-def documented_families(path: Path = DIGESTS_FILE) -> dict[str, DocumentedFamily]:
-    """The documented families by cache key."""
+def documented_families(path: Path | None = None) -> dict[str, DocumentedFamily]:
+    """The documented families by cache key (from `path`, by default `DIGESTS_FILE`)."""
+    path = path or DIGESTS_FILE  # read when called, so a test can document families in a file of its own
     if not path.exists():
         return {}
     return {
@@ -112,16 +116,17 @@ def documented_families(path: Path = DIGESTS_FILE) -> dict[str, DocumentedFamily
     }
 
 
-def check_family(key: str, models: dict[str, Path], path: Path = DIGESTS_FILE) -> DigestCheck:
+def check_family(key: str, models: dict[str, Path], path: Path | None = None) -> DigestCheck:
     """A built family's digests against the documented ones for `key`."""
     return DigestCheck(key, documented_families(path).get(key), family_digests(models), Machine.here())
 
 
-def record_family(key: str, models: dict[str, Path], description: str, path: Path = DIGESTS_FILE) -> None:
+def record_family(key: str, models: dict[str, Path], description: str, path: Path | None = None) -> None:
     """Document a family built on this machine (a maintainer's step, in a checkout: `kinfolk lab build
-    --record_digests`); other keys in the file are kept."""
+    --record_digests`) in `path` (by default `DIGESTS_FILE`); other keys in the file are kept."""
     from kinfolk.atomic import write_json
 
+    path = path or DIGESTS_FILE
     entries = json.loads(path.read_text()) if path.exists() else {}
     entries[key] = asdict(DocumentedFamily(description, family_digests(models), Machine.here()))
     write_json(path, dict(sorted(entries.items())))

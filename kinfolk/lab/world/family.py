@@ -21,7 +21,8 @@ Same key, same bits: every build runs single-threaded (`training.single_threaded
 changes the order of CPU float reductions and a few changed bits can decide whether a skill is learned; the cache
 key covers the config, the lab's version and the Python version. The whole family lives in
 `cache_dir/<key>/`, each model directory written atomically, so a second build with the same config only reads
-`family.json` (changed thresholds or evaluation sizes re-score the cached models).
+`family.json` (changed thresholds or evaluation sizes re-score the cached models); a build holds
+`cache_dir/<key>.lock`, so processes asking for one family at once build it once.
 
 >>> config = LabConfig.quick_config()
 >>> config.large_pretrain_steps < LabConfig().large_pretrain_steps
@@ -30,12 +31,15 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -345,17 +349,36 @@ def build_family(
     config = config or LabConfig()
     root = Path(cache_dir or default_cache_dir()) / config.cache_key()
     summary_file = root / FAMILY_FILE
-    if summary_file.exists() and not force:
-        cached = load_family(root)
-        if cached.config == config:
-            say(f"family found in the cache: {root}", progress)
-            return _refuse_if_failed(cached, allow_failed)
-        say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
-    else:
-        check_free_space(root, family_bytes(config), "the lab family's five models")
-    with single_threaded():
-        family = _build(config, root, progress, force)
+    with _one_build_at_a_time(root, progress):
+        if summary_file.exists() and not force:
+            cached = load_family(root)
+            if cached.config == config:
+                say(f"family found in the cache: {root}", progress)
+                return _refuse_if_failed(cached, allow_failed)
+            say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+        else:
+            check_free_space(root, family_bytes(config), "the lab family's five models")
+        with single_threaded():
+            family = _build(config, root, progress, force)
     return _refuse_if_failed(family, allow_failed)
+
+
+@contextlib.contextmanager
+def _one_build_at_a_time(root: Path, progress: bool) -> Iterator[None]:
+    """Hold `<key>.lock` beside the family's directory: processes that ask for the same family at once (parallel
+    test workers, two `kinfolk lab build`s) wait for the first to build it, then find it in the cache, instead of
+    training it twice. The operating system releases the lock when its holder dies, however it dies."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another process is building {root}; waiting for it", progress)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def family_bytes(config: LabConfig) -> int:

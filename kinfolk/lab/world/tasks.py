@@ -45,12 +45,13 @@ def write_task_data(directory: str | Path | None = None) -> list[Path]:
 
 @cache
 def _task_manager():
-    """lm-eval's task index with kinfolk's tasks; built once per process (indexing every YAML takes seconds)."""
+    """lm-eval's task index of kinfolk's tasks alone, built once per process: the lab's tasks need none of lm-eval's
+    built-in ones, whose thousands of YAMLs took half a minute of CPU to index."""
     from lm_eval.tasks import TaskManager
 
     from kinfolk.eval_tasks import task_dir
 
-    return TaskManager(include_path=str(task_dir()))
+    return TaskManager(include_path=str(task_dir()), include_defaults=False)
 
 
 def evaluate_with_lm_eval(model, tokenizer, skills: list[str] | None = None, limit: int | None = None) -> dict:
