@@ -10,6 +10,7 @@ cleanup runs are ignored. A verb states what its interruption keeps with `keep(.
 names the run's side log when one was opened (`kinfolk.console.quiet` reports it with `log_to`): what the
 libraries said before the signal is there.
 
+>>> start_run()  # what `kinfolk.commands.run` does first: no earlier verb's keep or log
 >>> keep("the score cache: every chunk scored so far")
 >>> interrupted_line("kinfolk score", Interrupted(15), ["score", "--data", "d.jsonl", "--out", "s.jsonl"])
 'kinfolk score: stopped by SIGTERM; kept: the score cache: every chunk scored so far; resume: kinfolk score --data d.jsonl --out s.jsonl'

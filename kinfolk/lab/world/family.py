@@ -349,6 +349,8 @@ def build_family(
     config = config or LabConfig()
     root = Path(cache_dir or default_cache_dir()) / config.cache_key()
     summary_file = root / FAMILY_FILE
+    if not summary_file.exists():  # before the lock file is made: a refused build leaves nothing in the cache
+        check_free_space(root, family_bytes(config), "the lab family's five models")
     with _one_build_at_a_time(root, progress):
         if summary_file.exists() and not force:
             cached = load_family(root)
@@ -356,8 +358,6 @@ def build_family(
                 say(f"family found in the cache: {root}", progress)
                 return _refuse_if_failed(cached, allow_failed)
             say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
-        else:
-            check_free_space(root, family_bytes(config), "the lab family's five models")
         with single_threaded():
             family = _build(config, root, progress, force)
     return _refuse_if_failed(family, allow_failed)
