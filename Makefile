@@ -34,7 +34,7 @@ demo-quick: install
 # listing the ten slowest tests, so a test that grows shows up.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not real" --durations=10
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not real" --durations=10 -rs
 
 test-fast: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
