@@ -376,8 +376,10 @@ def test_eval_refuses_bad_models_adapters_tasks_and_paths_before_loading(eval_in
     def refuse(*args, **kwargs):
         raise AssertionError("lm-eval started evaluating before the bad input was found")
 
-    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", refuse)
+    # `lm_eval.simple_evaluate` is loaded lazily from `lm_eval.evaluator`: patched second, monkeypatch would keep
+    # `refuse` as the value to restore, and later tests of this worker would call it.
     monkeypatch.setattr("lm_eval.simple_evaluate", refuse)
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", refuse)
     model_args, options, named = EVAL_CASES[case]
     paths = {"root": eval_inputs["root"], "base": eval_inputs["base"]}
     options = [option.format(**paths) for option in options]
