@@ -142,3 +142,13 @@ def micro_family(lab_cache_dir):
     from kinfolk.lab.world.family import LabConfig, build_family
 
     return build_family(LabConfig(**MICRO), cache_dir=lab_cache_dir, progress=False)
+
+
+LONGEST_GROUP = "quick-lab-family"  # the quick family's build, then the demo and digest tests: minutes on one worker
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest chain of one worker goes first, so the other worker's tests overlap it rather than wait for it at
+    the end of the run (xdist's loadgroup hands out groups in collection order)."""
+    chain = [item for item in items if any(m.args[:1] == (LONGEST_GROUP,) for m in item.iter_markers("xdist_group"))]
+    items[:] = chain + [item for item in items if item not in chain]
