@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from kinfolk.lab.experiments.real_boomerang.experiment import RealBoomerang
 from kinfolk.lab.experiments.real_boomerang.figure import plot_curves
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
-from kinfolk.lab.experiments.real_boomerang.sizes import patched_sizes, size_value
+from kinfolk.lab.methods.adapt.size_curves import patched_sizes, size_value
 from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment

@@ -19,6 +19,13 @@ from kinfolk.lab.protocol.plan import sha256_of
 from kinfolk.lab.protocol.views import TEST_FIELDS
 
 NAMES = sorted(EXPERIMENTS)
+# Experiments whose runs are under way: a plan committed, its units' records committed as they finish, no results
+# yet. Their contract is checked on their first kept record once there is one, and in micro by their own test file.
+IN_PROGRESS = {"real-boomerang-controls"}
+FINISHED = sorted(set(NAMES) - IN_PROGRESS)
+WITH_A_RECORD = sorted(
+    name for name in NAMES if name not in IN_PROGRESS or (RESULTS / f"{name}-units" / "0.json").exists()
+)
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +60,12 @@ def test_the_registry_maps_onto_the_experiment_folders_one_to_one():
         assert target.startswith(f"kinfolk.lab.experiments.{name.replace('-', '_')}."), name
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_an_experiment_in_progress_has_no_results_and_a_finished_one_has():
+    assert not [name for name in IN_PROGRESS if (RESULTS / f"{name}.json").exists()], "finished: move it to FINISHED"
+    assert all((RESULTS / f"{name}.json").exists() for name in FINISHED)
+
+
+@pytest.mark.parametrize("name", WITH_A_RECORD)
 def test_the_experiment_keeps_the_contract(name):
     cls = get_experiment(name)
     assert issubclass(cls, Experiment) and cls.name == name
@@ -77,7 +89,7 @@ def test_its_plan_is_the_committed_plan(name):
     assert hashlib.sha256(text.encode()).hexdigest() == sha256_of(RESULTS / f"{name}.plan.json")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", FINISHED)
 def test_the_committed_results_are_what_the_plan_and_the_kept_records_give(name, tmp_path, capsys):
     from kinfolk.commands import main
 
@@ -93,7 +105,7 @@ def test_the_committed_results_are_what_the_plan_and_the_kept_records_give(name,
     assert {**written, "command": None} == {**expected, "command": None}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WITH_A_RECORD)
 def test_its_selection_cannot_read_a_test_field(name):
     experiment = get_experiment(name)()
     record = first_run(name)

@@ -39,6 +39,7 @@ QUESTIONS: dict[str, str] = {
     "adapt-controls": "ADAPT",
     "real-atlas": "ATLAS, real checkpoint",
     "real-boomerang": "ADAPT, real checkpoint",
+    "real-boomerang-controls": "ADAPT, real checkpoint",
 }
 
 

@@ -10,6 +10,8 @@ training rows it distils on and in what order.
 (False, True)
 >>> len(chat_instructions(120)), chat_instructions(2)
 (120, ['Write two sentences about the moon.', 'Write two sentences about a river.'])
+>>> len(chat_instructions(264)), len(split(doc_chunks())[1]) >= 64  # version 2's pools
+(264, True)
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ TOPICS = (
 TEMPLATES = (
     "Write two sentences about {}.", "Give three facts about {}.", "Describe {} to a child.",
     "Suggest a title for a story about {}.", "Why do people like {}?",
+    # appended for real-boomerang version 2's larger held-out pool; the first 120 instructions stay version 1's
+    "Write a short poem about {}.", "List two questions a student might ask about {}.",
+    "Explain in one paragraph how {} changes over a year.", "Compare {} with something from everyday life.",
+    "Write a one-sentence advertisement for {}.", "What would a scientist find interesting about {}?",
 )  # fmt: skip
 
 
@@ -44,18 +50,36 @@ def doc_texts() -> dict[str, str]:
     return {f"topic:{name}": text.strip() for name, text in sorted(topics.items()) if len(text.strip()) > 400}
 
 
+def doc_chunks(chunk_chars: int = 600) -> dict[str, str]:
+    """The documentation topics cut into chunks of about `chunk_chars` characters at line ends (version 2's docs
+    source: 20 held-out topics are too few rows); chunks are named by their topic, so a topic's chunks share a
+    split."""
+    from pydoc_data.topics import topics
+
+    chunks = {}
+    for name, text in sorted(topics.items()):
+        chunks.update(_chunks(f"topic:{name}", text.strip(), chunk_chars))
+    return chunks
+
+
 def code_texts(chunk_chars: int = 1200) -> dict[str, str]:
     """The standard library's top-level modules, cut into chunks of about `chunk_chars` characters at line ends;
     chunks are named by their module, so a module's chunks share a split."""
     chunks = {}
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        lines, current, index = text.splitlines(keepends=True), "", 0
-        for line in lines:
-            current += line
-            if len(current) >= chunk_chars:
-                chunks[f"module:{path.stem}#{index}"] = current
-                current, index = "", index + 1
+        chunks.update(_chunks(f"module:{path.stem}", path.read_text(encoding="utf-8", errors="replace"), chunk_chars))
+    return chunks
+
+
+def _chunks(name: str, text: str, chunk_chars: int) -> dict[str, str]:
+    """`text` in pieces of at least `chunk_chars` characters ending at a line end, named `name#index` (a last piece
+    shorter than that is dropped)."""
+    chunks, current, index = {}, "", 0
+    for line in text.splitlines(keepends=True):
+        current += line
+        if len(current) >= chunk_chars:
+            chunks[f"{name}#{index}"] = current
+            current, index = "", index + 1
     return chunks
 
 
@@ -80,6 +104,14 @@ def measurement_names(items: dict[str, str], rows: int) -> list[str]:
     names = sorted(split(items)[1])
     random.Random("boomerang-heldout").shuffle(names)
     return names[:rows]
+
+
+def seed_measurement_names(items: dict[str, str], rows: int, seed: int) -> list[str]:
+    """`rows` held-out items drawn by `seed` (version 2: each seed measures its own draw of the held-out pool)."""
+    names = sorted(split(items)[1])
+    if len(names) < rows:
+        raise ValueError(f"{len(names)} held-out items, {rows} needed")
+    return random.Random(f"boomerang-measure-{seed}").sample(names, rows)
 
 
 def training_draw(names: list[str], rows: int, seed: int) -> list[str]:

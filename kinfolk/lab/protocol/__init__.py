@@ -8,8 +8,9 @@ per-family records), `reanalysis` (experiments over an earlier version's committ
 started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME plan|run|analyse` does).
 `EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
->>> sorted(EXPERIMENTS)
-['adapt', 'adapt-controls', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang']
+>>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
+['adapt', 'adapt-controls', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
+ 'real-boomerang-controls']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -28,6 +29,7 @@ EXPERIMENTS: dict[str, str] = {
     "atlas": "kinfolk.lab.experiments.atlas.experiment:AtlasReanalysis",
     "adapt": "kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis",
     "real-boomerang": "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang",
+    "real-boomerang-controls": "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls",
     "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
     "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
     "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",

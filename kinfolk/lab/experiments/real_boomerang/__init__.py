@@ -1,9 +1,9 @@
 """Real checkpoints II: every size between a real student and its teacher, and whether distillation makes them
 interpolate (the boomerang question, asked on SmolLM2-135M-Instruct under `docs/protocol.md`, units = seeds).
 
-One idea per module: `settings` (the typed settings a plan fixes), `corpus` (the offline text sources and their
-fixed train / held-out split), `sizes` (every patched size of a student, built in memory from `kinfolk merge
-patch --all`'s plan, and its measurement against the teacher), `runs` (one seed: distil, measure both arms),
-`experiment` (the `Experiment`: primaries, selection, analysis; the curve statistics are the ADAPT lab's),
-`figure` (every seed's curves) and `__main__` (seeds in parallel processes). Nothing heavy is imported here.
+One idea per module: `settings` (the typed settings a plan fixes), `runs` (one seed: distil, measure both arms),
+`experiment` (the `Experiment`: primaries, selection, analysis) and `figure` (every seed's curves). The text is
+`kinfolk.lab.methods.real_corpus`'s; the patched sizes and their curve statistics are
+`kinfolk.lab.methods.adapt.size_curves`'s, shared with version 2 (`real_boomerang_controls`). Nothing heavy is
+imported here.
 """

@@ -26,40 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
-from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS, size_value
-from kinfolk.lab.methods.adapt.settings import largest_drop
-from kinfolk.lab.methods.selection import depth_concordance
+from kinfolk.lab.methods.adapt.size_curves import concordance, middle, step, student
 from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue, kept_record
 from kinfolk.lab.protocol.views import SelectionView
 
 CONCORDANCE_NULL = 0.5
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def concordance(curves: Mapping[str, list], measure: str) -> float:
-    """Depth concordance of `measure` (lower is closer; agreement is negated), mean over orders. The teacher itself
-    (k = M: KL 0 by construction) is left out, and so are pairs of equal depth, so with no trend it is 0.5."""
-    sign = -1.0 if measure == "agreement" else 1.0
-    per_order = []
-    for order in ORDERS:
-        points = curves[order][:-1]  # k = M is the teacher itself
-        depths, values = [p["depth"] for p in points], [sign * size_value(p, measure) for p in points]
-        per_order.append(depth_concordance(depths, values, higher_is_better=False))
-    return _mean(per_order)
-
-
-def middle(curves: Mapping[str, list], measure: str) -> float:
-    return _mean([size_value(curves[o][(len(curves[o]) - 1) // 2], measure) for o in ORDERS])
-
-
-def step(curves: Mapping[str, list], measure: str) -> float:
-    """The largest fall of `measure` from one size to the next larger one (k - 1 to k), mean over orders."""
-    return _mean([largest_drop([size_value(p, measure) for p in curves[o]]) for o in ORDERS])
 
 
 class RealBoomerang(Experiment):
@@ -124,9 +97,6 @@ class RealBoomerang(Experiment):
             ours, theirs = statistic(distilled, measure), statistic(undistilled, measure)
             return EndpointValue(theirs - ours, method=ours, baseline=theirs)
 
-        def student(curves) -> float:
-            return _mean([size_value(curves[o][0], "nll") for o in ORDERS])
-
         return {
             "distilled: log-ppl concordance with depth": EndpointValue(concordance(distilled, "nll")),
             "distilled: KL concordance with depth": EndpointValue(concordance(distilled, "kl")),
@@ -135,9 +105,7 @@ class RealBoomerang(Experiment):
             "undistilled: log-ppl concordance with depth": EndpointValue(concordance(undistilled, "nll")),
             "undistilled: KL concordance with depth": EndpointValue(concordance(undistilled, "kl")),
             "distilled: agreement concordance with depth": EndpointValue(concordance(distilled, "agreement")),
-            "student (k = 0): log-ppl, undistilled - distilled": EndpointValue(
-                student(undistilled) - student(distilled), method=student(distilled), baseline=student(undistilled)
-            ),
+            "student (k = 0): log-ppl, undistilled - distilled": difference(student, "nll"),
             "middle size: KL, undistilled - distilled": difference(middle, "kl"),
         }
 

@@ -1,5 +1,5 @@
-"""The real-boomerang curves: log perplexity and KL to the teacher against depth, every seed's distilled curve thin
-and their mean thick, beside the undistilled curve (the same for every seed), one column per patch order."""
+"""The real-boomerang curves: every seed's distilled curve thin and their mean thick, beside the undistilled curve
+(the same for every seed), one column per patch order."""
 
 from __future__ import annotations
 
@@ -7,34 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kinfolk.lab.demo.plots import plot_families, save_figure
-from kinfolk.lab.experiments.real_boomerang.sizes import ORDERS, size_value
-
-KL_AXIS_FLOOR = 1e-2
-MEASURES = (("nll", "log perplexity (mean over sources)", False), ("kl", "KL(teacher || size), nats/token", True))
+from kinfolk.lab.methods.adapt.size_curves_figure import plot_size_curves
 
 
 def plot_curves(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(len(MEASURES), len(ORDERS), figsize=(9, 6.5), squeeze=False)
-    for column, order in enumerate(ORDERS):
-        depths = [point["depth"] for point in records[0]["test"]["distilled"][order]]
-        for row, (measure, axis_label, geometric) in enumerate(MEASURES):
-            axis = axes[row][column]
-            sizes = slice(None, -1) if geometric else slice(None)  # the teacher's KL is 0: off a log axis
-            for arm, colour, legend in (("distilled", "C0", f"distilled ({len(records)} seeds)"),
-                                        ("undistilled", "C1", "undistilled (one curve)")):  # fmt: skip
-                values = [[size_value(p, measure) for p in r["test"][arm][order]][sizes] for r in records]
-                plot_families(axis, depths[sizes], values, colour, legend, geometric)
-            if geometric:  # sizes whose every block is the teacher's have KL 0 (float noise): below the axis
-                axis.set_yscale("log")
-                axis.set_ylim(bottom=KL_AXIS_FLOOR)
-            axis.set_xlabel(f"depth (layers), patched {order}", fontsize=8)
-            axis.set_ylabel(axis_label, fontsize=8)
-            axis.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=7)
-    return save_figure(figure, path)
+    arms = [("distilled", f"distilled ({len(records)} seeds)"), ("undistilled", "undistilled (one curve)")]
+    return plot_size_curves(records, path, arms)

@@ -1,9 +1,19 @@
-"""Every size between a student and its teacher, built in memory, and each size measured against the teacher.
+"""Every size between a student and its teacher, built in memory, and the statistics of a curve of measured sizes.
 
 `patched_sizes` takes the plan `kinfolk merge patch --all` writes from (`plan_patch(..., all_sizes=True)`) and
 builds each output model in memory from the same planned tensors (`materialise`), so a curve of 17 sizes costs no
 disk; a test checks a built size against the one `merge patch` writes. Each size is measured against the teacher
 by `kinfolk.lab.world.heldout.TeacherReference` (the teacher's log-probabilities computed once, reused for every size).
+A curve is, per patch order, the measured sizes k = 0..M; its statistics (`concordance`, `middle`, `step`) are the
+real-boomerang experiments' endpoints, each a mean over the two orders.
+
+>>> point = lambda k, depth, nll: {"k": k, "depth": depth, "sources": {"a": {"nll": nll}, "b": {"nll": nll + 2}}}
+>>> curve = [point(0, 2, 5.0), point(1, 3, 4.0), point(2, 4, 4.5), point(3, 5, 1.0)]
+>>> curves = {order: curve for order in ORDERS}
+>>> size_value(curve[0], "nll"), middle(curves, "nll"), step(curves, "nll")
+(6.0, 5.0, 3.5)
+>>> concordance(curves, "nll")  # of the pairs (2,3) (2,4) (3,4) of different depth, 2 have the deeper one lower
+0.6666666666666666
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ from typing import Any
 
 import torch
 
+from kinfolk.lab.methods.adapt.settings import largest_drop
+from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.plugins.adapt.config import PatchConfig
 from kinfolk.plugins.adapt.execute import materialise
 from kinfolk.plugins.adapt.plan import ModelPlan, plan_patch
@@ -52,3 +64,34 @@ def patched_sizes(teacher: str | Path, student: str | Path, order: str) -> Itera
             "parameters": sum(p.numel() for p in model.parameters()),
         }
         yield summary, model
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def concordance(curves: Mapping[str, list], measure: str) -> float:
+    """Depth concordance of `measure` (lower is closer; agreement is negated), mean over orders. The teacher itself
+    (k = M: KL 0 by construction) is left out, and so are pairs of equal depth, so with no trend it is 0.5."""
+    sign = -1.0 if measure == "agreement" else 1.0
+    per_order = []
+    for order in ORDERS:
+        points = curves[order][:-1]  # k = M is the teacher itself
+        depths, values = [p["depth"] for p in points], [sign * size_value(p, measure) for p in points]
+        per_order.append(depth_concordance(depths, values, higher_is_better=False))
+    return _mean(per_order)
+
+
+def middle(curves: Mapping[str, list], measure: str) -> float:
+    """`measure` at the middle size k = M // 2, mean over orders."""
+    return _mean([size_value(curves[o][(len(curves[o]) - 1) // 2], measure) for o in ORDERS])
+
+
+def step(curves: Mapping[str, list], measure: str) -> float:
+    """The largest fall of `measure` from one size to the next larger one (k - 1 to k), mean over orders."""
+    return _mean([largest_drop([size_value(p, measure) for p in curves[o]]) for o in ORDERS])
+
+
+def student(curves: Mapping[str, list], measure: str) -> float:
+    """`measure` of the unpatched student (k = 0), mean over orders."""
+    return _mean([size_value(curves[o][0], measure) for o in ORDERS])
