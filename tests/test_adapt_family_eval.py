@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.commands import main
 from kinfolk.errors import DatasetFormatError
-from kinfolk.plugins.adapt.family_eval import example_levels, split_examples
+from kinfolk.plugins.adapt.family_eval import Size, example_levels, sample_outcomes, split_examples
 
 SIZES = ["k0", "k1", "k2"]
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "far", "away", "from", "home", "and", "back")
@@ -136,6 +136,41 @@ def test_an_lm_eval_task_over_every_size_feeds_route(family, tmp_path):
             assert (row["prompt"], row["level"]) == (context, doc["level"])
     written = _route(outcomes, family, tmp_path / "routing", rows)
     assert all(p["hull_accuracy"] is not None or p["gain_over_hull"] is None for p in written["routed"]["average"])
+
+
+def _record(doc_id, arguments, resps, filter_name="none", **metrics):
+    """A sample record as lm-eval saves it with --log_samples."""
+    saved = {f"gen_args_{i}": {f"arg_{j}": a for j, a in enumerate(args)} for i, args in enumerate(arguments)}
+    return {"doc_id": doc_id, "doc": {"level": doc_id % 2}, "arguments": saved, "resps": resps,
+            "filter": filter_name, "metrics": list(metrics), **metrics}  # fmt: skip
+
+
+def test_sample_records_count_what_each_request_ran(family):
+    generation = _record(0, [("rev ab=", {"until": ["\n"]})], [["ba"]], exact_match=1.0)
+    choice = _record(1, [("Q: sky?", " blue"), ("Q: sky?", " green")], [[["-1.5", "False"]], [["-2.5", "False"]]],
+                     acc=0.0, acc_norm=1.0)  # fmt: skip
+    rolling = _record(2, [("a whole text",)], [[["-9.0"]]], score=0.25)
+    outcomes = sample_outcomes(Size("k0", family / "k0"), {"mixed": [generation, choice, rolling]})
+    tokenizer = AutoTokenizer.from_pretrained(family / "k0")
+
+    def count(*texts):
+        return sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
+
+    # context + generated answer; context + continuation of every option; the text alone. Each task's first metric.
+    assert [(o.id, o.correct, o.tokens, o.prompt, o.level) for o in outcomes] == [
+        ("mixed/0", 1.0, count("rev ab=ba"), "rev ab=", 0),
+        ("mixed/1", 0.0, count("Q: sky? blue", "Q: sky? green"), "Q: sky?", 1),
+        ("mixed/2", 0.25, count("a whole text"), "a whole text", 0),
+    ]
+    chosen = sample_outcomes(Size("k0", family / "k0"), {"mixed": [choice]}, metric="acc_norm")
+    assert chosen[0].correct == 1.0
+    filtered = [_record(0, [("x", {})], [["y"]], "strict", exact_match=0.0),
+                _record(0, [("x", {})], [["y"]], "flexible", exact_match=1.0)]  # fmt: skip
+    with pytest.raises(ValueError, match=r"filters \['flexible', 'strict'\]; choose one with --outcome_filter"):
+        sample_outcomes(Size("k0", family / "k0"), {"gsm": filtered})
+    assert sample_outcomes(Size("k0", family / "k0"), {"gsm": filtered}, filter_name="flexible")[0].correct == 1.0
+    with pytest.raises(ValueError, match="metric 'score' is 'nan-ish', not a number"):
+        sample_outcomes(Size("k0", family / "k0"), {"t": [_record(0, [("x",)], [[]], score="nan-ish")]})
 
 
 def test_levels_are_all_or_nothing():
