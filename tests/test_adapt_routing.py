@@ -12,7 +12,6 @@ from transformers import AutoModelForCausalLM
 
 from kinfolk.commands import main as kinfolk_main
 from kinfolk.errors import InputError
-from kinfolk.plugins.adapt import merge
 from kinfolk.plugins.adapt.cost import model_cost
 from kinfolk.plugins.adapt.difficulty import label_tokens, rate_difficulty
 from kinfolk.plugins.adapt.routing import (
@@ -166,12 +165,9 @@ def test_difficulty_rating_equals_one_unpadded_pass_per_prompt(tiny_kit, tiny_to
 @pytest.fixture(scope="module")
 def patched_family(tiny_kit, tmp_path_factory):
     """Every size of a tiny 4-layer teacher's patched family (k0 = 2-layer student ... k2 = the teacher)."""
-    root = tmp_path_factory.mktemp("route")
-    teacher = tiny_kit.model_dir("llama", "large")
-    student = merge({"op": "init-student", "teacher": str(teacher), "layers": {"every": 2}}, root / "student",
-                    progress=False)  # fmt: skip
-    return merge({"op": "patch", "teacher": str(teacher), "student": str(student), "order": "back-to-front"},
-                 root / "family", all_sizes=True, progress=False)  # fmt: skip
+    from adapt_helpers import patched_family
+
+    return patched_family(tiny_kit.model_dir("llama", "large"), tmp_path_factory.mktemp("route"))
 
 
 def test_kinfolk_route_writes_the_librarys_frontier(patched_family, tmp_path, capsys):

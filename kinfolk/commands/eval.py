@@ -17,23 +17,39 @@ What kinfolk adds to lm-eval's CLI:
   lm-eval only after the evaluation).
 
 Every other option is lm-eval's and passes through unchanged: `lm-eval run --help` lists them.
+
+Over a family of sizes (`--family DIR`: a `kinfolk merge patch --all` output, or any folder of model folders) it
+writes the outcomes file `kinfolk route` reads (`--outcomes FILE`): one row per (split, example, size), from the
+lm-eval task run on every size (`pretrained=` is each size's folder; the task's metric per example, e.g. `acc`) or,
+with `--heldout FILE`, from held-out perplexity on a local file (each example's NLL; `correct` = its per-token
+probability, exp(−NLL / tokens)). The examples are split into calibration and test at random, level by level
+(`kinfolk.plugins.adapt.family_eval`):
+
+    kinfolk eval --family family/ --outcomes outcomes.jsonl --tasks kinfolk_lab_reverse --skip_default_tasks
+    kinfolk eval --family family/ --outcomes outcomes.jsonl --heldout heldout.jsonl --device cuda
+    kinfolk route --outcomes outcomes.jsonl --models_dir family/ --out routing/
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
-from kinfolk.atomic import check_writable
+from kinfolk.atomic import check_destination, check_writable, staging_path
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
 from kinfolk.inputs import check_model, is_local_path, read_json
+
+if TYPE_CHECKING:  # the library is imported where --family runs: it loads transformers
+    from kinfolk.plugins.adapt.family_eval import OutcomesWritten
 
 # lm-eval model types that load `pretrained=` (and `peft=`) with transformers.
 HF_MODELS = ("hf", "hf-auto", "huggingface")
@@ -48,6 +64,48 @@ class EvalArguments:
             "when only kinfolk's and --include_path tasks are wanted)"
         },
     )
+    family: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder of sizes (`kinfolk merge patch --all` output): run the task (or --heldout) on every "
+            "size and write --outcomes for `kinfolk route`"
+        },
+    )
+    outcomes: str | None = field(default=None, metadata={"help": "with --family: the outcomes .jsonl to write"})
+    overwrite: bool = field(default=False, metadata={"help": "with --family: replace an existing --outcomes"})
+    heldout: str | None = field(
+        default=None,
+        metadata={
+            "help": "with --family: held-out perplexity on this local file instead of an lm-eval task (`text`, or "
+            "`prompt` and `completion` rows; lm-eval's --device and --batch_size apply)"
+        },
+    )
+    level_field: str | None = field(
+        default=None,
+        metadata={"help": "with --family: the data's difficulty column; unset, `level` where every row has one"},
+    )
+    calibration_share: float = field(
+        default=0.5, metadata={"help": "with --family: share of each level's examples in the calibration split"}
+    )
+    split_seed: int = field(default=0, metadata={"help": "with --family: seed of the calibration / test split"})
+    outcome_metric: str | None = field(
+        default=None, metadata={"help": "with --family: the task metric that is `correct`; unset, the task's first"}
+    )
+    outcome_filter: str | None = field(
+        default=None, metadata={"help": "with --family: the task filter whose answers count (needed if several)"}
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 < self.calibration_share < 1:
+            raise InputError(f"--calibration_share must lie strictly between 0 and 1, got {self.calibration_share}")
+
+
+@dataclass(frozen=True)
+class SizeRun:
+    """One size's lm-eval run under --family: the model folder it loads and the folder its sample log goes to."""
+
+    model: Path
+    samples: Path
 
 
 def make_parser() -> VerbParser:
@@ -57,7 +115,9 @@ def make_parser() -> VerbParser:
         description=__doc__.split("\n\n")[0],
         allow_abbrev=False,  # a prefix of one of lm-eval's options must reach lm-eval
         epilog="Every other option goes to lm-eval unchanged (`lm-eval run --help` lists them), e.g. --model hf "
-        "--model_args pretrained=DIR,peft=ADAPTER --tasks kinfolk_gsm8k --log_samples --output_path results/.",
+        "--model_args pretrained=DIR,peft=ADAPTER --tasks kinfolk_gsm8k --log_samples --output_path results/. With "
+        "--family DIR --outcomes FILE, every size of DIR runs the task (or --heldout FILE) and FILE gets one row per "
+        "example and size for `kinfolk route --outcomes FILE --models_dir DIR`.",
     )
 
 
@@ -111,8 +171,25 @@ def check_adapter(path: str) -> None:
     PEFT_TYPE_TO_CONFIG_MAPPING[peft_type].from_pretrained(path)
 
 
-def _checked(config_class):
-    """lm-eval's run config, its argument errors reported as bad input and the paths checked (`check_paths`).
+def as_size_run(config, run: SizeRun) -> None:
+    """Point lm-eval's run config at one size of --family, its per-sample log written to `run.samples`; refuse
+    the options that clash (another model, results lm-eval would write elsewhere, no metric to record)."""
+    if config.model not in HF_MODELS:
+        raise InputError(f"--model {config.model}: --family loads each size with lm-eval's hf model")
+    model_args = dict(config.model_args or {})
+    if "pretrained" in model_args:
+        raise InputError("--model_args pretrained=: --family gives each size's folder; drop pretrained=")
+    if config.output_path:
+        raise InputError("--output_path: with --family the per-example results go to --outcomes")
+    if config.predict_only:
+        raise InputError("--predict_only: --family records each example's metric, which it leaves out")
+    config.model_args = {**model_args, "pretrained": str(run.model)}
+    config.output_path, config.log_samples = str(run.samples), True
+
+
+def _checked(config_class, run: SizeRun | None = None):
+    """lm-eval's run config, its argument errors reported as bad input and the paths checked (`check_paths`);
+    under --family, pointed at one size (`as_size_run`).
 
     lm-eval raises `ValueError` from its argument checks (`from_cli`) and task lookup (`process_tasks`), both
     before any model loads; everything it raises there is about the command line it was given."""
@@ -124,6 +201,8 @@ def _checked(config_class):
                 config = super().from_cli(namespace)
             except (ValueError, TypeError, FileNotFoundError) as error:
                 raise InputError(str(error)) from error
+            if run is not None:
+                as_size_run(config, run)
             check_paths(config)
             return config
 
@@ -166,15 +245,15 @@ def cli_evaluate() -> None:
     harness.execute(harness.parse_args())
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    (options,), lm_eval_argv = make_parser().parse_known(argv)
+def run_lm_eval(lm_eval_argv: list[str], skip_default_tasks: bool = False, run: SizeRun | None = None) -> int:
+    """lm-eval's CLI on `lm_eval_argv` with kinfolk's tasks and checks (under --family, on one size: `run`);
+    returns its exit code and leaves the process as it found it."""
     import lm_eval.config.evaluate_config as evaluate_config
     import lm_eval.tasks
 
     saved = sys.argv, lm_eval.tasks.TaskManager, os.environ.get(ALLOW_ENV), evaluate_config.EvaluatorConfig
-    lm_eval.tasks.TaskManager = _with_kinfolk_tasks(lm_eval.tasks.TaskManager, not options.skip_default_tasks)
-    evaluate_config.EvaluatorConfig = _checked(evaluate_config.EvaluatorConfig)
+    lm_eval.tasks.TaskManager = _with_kinfolk_tasks(lm_eval.tasks.TaskManager, not skip_default_tasks)
+    evaluate_config.EvaluatorConfig = _checked(evaluate_config.EvaluatorConfig, run)
     if "--confirm_run_unsafe_code" in lm_eval_argv:
         os.environ[ALLOW_ENV] = "1"
     sys.argv = ["kinfolk eval", *lm_eval_argv]  # lm-eval's CLI reads sys.argv itself
@@ -189,3 +268,85 @@ def main(argv: list[str] | None = None) -> int:
         else:
             os.environ[ALLOW_ENV] = saved[2]
     return 0
+
+
+def heldout_options(lm_eval_argv: list[str]) -> argparse.Namespace:
+    """The lm-eval options that apply to --heldout (--device, --batch_size); any other is refused, as no lm-eval
+    task runs."""
+    parser = argparse.ArgumentParser(prog="kinfolk eval", add_help=False, allow_abbrev=False)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--batch_size", "-b", type=int, default=8)
+    options, rest = parser.parse_known_args(lm_eval_argv)
+    if rest:
+        raise InputError(f"{' '.join(rest)}: --heldout runs no lm-eval task; only --device and --batch_size apply")
+    if options.batch_size < 1:
+        raise InputError(f"--batch_size must be at least 1 with --heldout, got {options.batch_size}")
+    return options
+
+
+def evaluate_family(options: EvalArguments, lm_eval_argv: list[str]) -> int:
+    """--family: every size on the task (or --heldout file), its outcomes written to --outcomes."""
+    from kinfolk.plugins.adapt import family_eval
+
+    if not options.outcomes:
+        raise InputError("--family needs --outcomes (the .jsonl file `kinfolk route` reads)")
+    sizes = family_eval.family_sizes(options.family)
+    check_destination(options.outcomes, options.overwrite)
+    chosen = {"level_field": options.level_field}
+    if options.heldout:
+        if options.outcome_metric or options.outcome_filter:
+            raise InputError("--outcome_metric and --outcome_filter choose among a task's scores; --heldout has none")
+        heldout = heldout_options(lm_eval_argv)
+        chosen |= {"batch_size": heldout.batch_size, "device": heldout.device}
+        outcomes = family_eval.heldout_outcomes(sizes, options.heldout, **chosen)
+    else:
+        chosen |= {"metric": options.outcome_metric, "filter_name": options.outcome_filter}
+        outcomes = []
+        scratch = staging_path(Path(options.outcomes), "samples")  # beside --outcomes; a dead run's is cleaned
+        try:
+            for size in sizes:
+                run = SizeRun(size.path, scratch / size.name)
+                code = run_lm_eval(lm_eval_argv, options.skip_default_tasks, run)
+                if code:
+                    return code
+                outcomes += family_eval.sample_outcomes(size, family_eval.read_sample_logs(run.samples), **chosen)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    written = family_eval.write_outcomes(
+        outcomes,
+        [size.name for size in sizes],
+        options.outcomes,
+        calibration_share=options.calibration_share,
+        seed=options.split_seed,
+        overwrite=options.overwrite,
+    )
+    print(outcomes_summary(written))
+    route = f"kinfolk route --outcomes {written.path} --models_dir {options.family} --out routing/"
+    if not written.levels:
+        route += " --difficulty rating --rater MODEL"  # no level column: route rates each prompt
+    print(f"wrote {written.path}; next: {route}", file=sys.stderr)
+    return 0
+
+
+def outcomes_summary(written: OutcomesWritten) -> str:
+    """Per size, its mean `correct` on each split (`family_eval.OutcomesWritten`)."""
+    counts = ", ".join(f"{split} {count} examples" for split, count in written.examples.items())
+    lines = [f"| size | calibration mean correct | test mean correct |  ({counts})", "|---|---|---|"]
+    lines += [f"| {size} | {m['calibration']:.4f} | {m['test']:.4f} |" for size, m in written.mean_correct.items()]
+    return "\n".join(lines)
+
+
+FAMILY_ONLY = ("outcomes", "overwrite", "heldout", "level_field", "calibration_share", "split_seed", "outcome_metric",
+               "outcome_filter")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    (options,), lm_eval_argv = make_parser().parse_known(argv)
+    if options.family:
+        return evaluate_family(options, lm_eval_argv)
+    defaults = EvalArguments()
+    stray = [name for name in FAMILY_ONLY if getattr(options, name) != getattr(defaults, name)]
+    if stray:
+        raise InputError(f"{', '.join('--' + name for name in stray)}: only with --family (a folder of sizes)")
+    return run_lm_eval(lm_eval_argv, options.skip_default_tasks)

@@ -1,16 +1,25 @@
-"""`kinfolk route`: adaptive model-size selection over a family of sizes (ADAPT §4.4), from measured outcomes.
+"""`kinfolk route`: adaptive model-size selection over a family of sizes (ADAPT §4.4), from measured outcomes, held
+against the best random mix of fixed sizes at equal cost. It prints every fixed size and every routed point in cost
+order with its test accuracy and the random-mix hull at its cost: the best accuracy any random mix of two fixed sizes
+reaches at that expected cost. A routed point above the hull is a gain from routing; a router that does not beat the
+hull gives nothing a user could not get by sending examples to sizes at random, and the command says so.
 
 `--outcomes` holds one row per (split, example, model): `split` (`calibration` or `test`), `id`, `model` (a model
-directory, or its name under `--models_dir`, e.g. a `kinfolk merge patch --all` output), `correct` (0/1 or a score),
-`tokens` (what the example ran through that model: prompt and response), and `level` (its difficulty label) or
-`prompt` (to rate it with `--difficulty rating`: one forward pass of `--rater`, `kinfolk.plugins.adapt.difficulty`).
-Each example needs a row for every model. The calibration split picks, per threshold and policy (`average`,
-`minimum`), the model of each level (`kinfolk.plugins.adapt.routing`); the test split measures every routing and
-every fixed size at `--cost` (parameters or FLOPs × tokens, `kinfolk.plugins.adapt.cost`).
+directory, or its name under `--models_dir`, e.g. a `kinfolk merge patch --all` output), `correct` (0/1 or a score
+in [0, 1]), `tokens` (what the example ran through that model: prompt and response), and `level` (its difficulty
+label) or `prompt` (to rate it with `--difficulty rating`: one forward pass of `--rater`,
+`kinfolk.plugins.adapt.difficulty`). Each example needs a row for every model. `kinfolk eval --family DIR
+--outcomes outcomes.jsonl` writes such a file from an lm-eval task or held-out perplexity over every size of DIR.
+The calibration split picks, per threshold and policy (`average`, `minimum`), the model of each level
+(`kinfolk.plugins.adapt.routing`); the test split measures every routing and every fixed size at `--cost`
+(parameters or FLOPs × tokens, `kinfolk.plugins.adapt.cost`) and the hull of the fixed sizes
+(`kinfolk.plugins.adapt.hull`).
 
-The work is `kinfolk.plugins.adapt.outcomes.route_outcomes`. Writes `routing.json` (every point, the calibration
-table, per fixed size whether routing beats it) and `frontier.png` under `--out`, and prints the comparison:
+The work is `kinfolk.plugins.adapt.outcomes.route_outcomes`. Writes `routing.json` (every point with the hull's
+accuracy at its cost and its gain over it, the hull's vertices, the calibration table, per fixed size whether
+routing beats it) and `frontier.png` under `--out`, and prints the comparison:
 
+    kinfolk eval --family family/ --outcomes outcomes.jsonl --tasks kinfolk_lab_reverse --skip_default_tasks
     kinfolk route --outcomes outcomes.jsonl --models_dir family/ --cost flops --out routing/
 """
 
@@ -29,13 +38,17 @@ from kinfolk.plugins.adapt.outcomes import DIFFICULTY_SOURCES, PLOT_FILE, RESULT
 from kinfolk.plugins.adapt.routing import DEFAULT_THRESHOLDS, POLICIES
 
 PROG = "kinfolk route"
+HULL_TOLERANCE = 1e-9  # a routing that reproduces a hull vertex differs from it by rounding only
 
 
 @dataclass
 class RouteArguments:
     outcomes: str | None = field(
         default=None,
-        metadata={"help": "Rows split, id, model, correct, tokens and level (or prompt): a .jsonl/.parquet/... file."},
+        metadata={
+            "help": "Rows split, id, model, correct, tokens and level (or prompt): a .jsonl/.parquet/... file "
+            "(`kinfolk eval --family DIR --outcomes FILE` writes one)."
+        },
     )
     out: str | None = field(default=None, metadata={"help": "Output directory (routing.json, frontier.png)."})
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --out."})
@@ -76,23 +89,50 @@ def route(args: RouteArguments) -> dict[str, Any]:
     return route_outcomes(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)})
 
 
+def _label(assignment: dict) -> str:
+    return " ".join(f"{level}→{model}" for level, model in assignment.items())
+
+
+def _gain(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.3g}"
+
+
 def summary(result: dict[str, Any]) -> str:
-    """Per fixed size: its test accuracy and cost, and per policy whether a routing beats it and by how much."""
-    lines = [f"| model | accuracy | minimum accuracy | {result['cost']} per example | " + " | ".join(
-        f"{policy}: beaten, gain at its cost" for policy in result["dominance"]) + " |"]  # fmt: skip
-    lines.append("|" + "---|" * (4 + len(result["dominance"])))
-    for model, point in result["fixed"].items():
-        cells = []
-        for verdicts in result["dominance"].values():
-            verdict = verdicts[model]
-            gain = "n/a" if verdict["gain_at_cost"] is None else f"{verdict['gain_at_cost']:+.3f}"
-            cells.append(f"{'yes' if verdict['dominated'] else 'no'}, {gain}")
+    """Every fixed size and routed point in cost order: accuracy, minimum accuracy, cost, the random-mix hull at its
+    cost and the accuracy over it; then, per policy, whether any routing beats the hull."""
+    points = [("fixed", model, point) for model, point in result["fixed"].items()]
+    points += [(policy, _label(p["assignment"]), p) for policy, routed in result["routed"].items() for p in routed]
+    points.sort(key=lambda entry: (entry[2]["cost"], entry[0] != "fixed", entry[1]))
+    lines = [
+        f"| {result['cost']} per example | kind | size or routing | accuracy | minimum accuracy | random-mix hull | "
+        "accuracy − hull |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind, name, point in points:
+        hull = "n/a" if point["hull_accuracy"] is None else f"{point['hull_accuracy']:.3f}"
         lines.append(
-            f"| {model} | {point['accuracy']:.3f} | {point['minimum_accuracy']:.3f} | {point['cost']:.4g} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {point['cost']:.4g} | {kind} | {name} | {point['accuracy']:.3f} | {point['minimum_accuracy']:.3f} | "
+            f"{hull} | {_gain(point['gain_over_hull'])} |"
         )
+    lines.append("")
+    lines += [hull_verdict(policy, routed) for policy, routed in result["routed"].items()]
     return "\n".join(lines)
+
+
+def hull_verdict(policy: str, points: list[dict[str, Any]]) -> str:
+    """One plain sentence: does any routed point of `policy` beat the best random mix of fixed sizes at its cost?"""
+    above = [p for p in points if p["gain_over_hull"] is not None and p["gain_over_hull"] > HULL_TOLERANCE]
+    if not above:
+        return (
+            f"{policy}: no routing beats the best random mix of two fixed sizes at equal cost; it gains nothing "
+            "here that mixing sizes at random would not"
+        )
+    best = max(above, key=lambda p: p["gain_over_hull"])
+    where = f"at {best['cost']:.4g} ({_label(best['assignment'])})"
+    return (
+        f"{policy}: {len(above)} of {len(points)} routings beat the best random mix of two fixed sizes at equal "
+        f"cost; the best by {_gain(best['gain_over_hull'])} accuracy {where}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

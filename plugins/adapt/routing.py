@@ -13,7 +13,9 @@ it correctly (a score in [0, 1]) and what answering cost (tokens × the model's 
 
 `frontier` sweeps the threshold and measures every routed policy on the test split — accuracy, the minimum accuracy
 over levels and mean cost per example, from the test outcomes of the model each example is routed to — beside every
-fixed model's point, and says per fixed model whether routing beats it (`dominance`). The curve is measured: no
+fixed model's point, and says per fixed model whether routing beats it (`dominance`). Every point also carries the
+random-mix baseline at its cost (`hull_accuracy`: the best accuracy a random mix of two fixed models reaches at that
+expected cost, `kinfolk.plugins.adapt.hull`) and its accuracy minus it (`gain_over_hull`). The curve is measured: no
 accuracy is carried over from calibration.
 
 >>> calibration = Outcomes(("small", "large"), levels=[1, 1, 2, 2],
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.errors import InputError
+from kinfolk.plugins.adapt.hull import Hull, HullPoint, upper_hull
 
 POLICIES = ("average", "minimum")
 METRIC_OF_POLICY = {"average": "accuracy", "minimum": "minimum_accuracy"}  # what each policy keeps at the threshold
@@ -191,6 +194,14 @@ def _dominance(points: list[dict[str, Any]], fixed: dict[str, Any], metric: str)
     return {"dominated": beaten, "gain_at_cost": gain, "cost_saving_at_accuracy": saving}
 
 
+def compare_with_hull(point: dict[str, Any], hull: Hull) -> dict[str, Any]:
+    """`point` (a measured `cost` and `accuracy`) with the hull's accuracy at its cost and its gain over it, both
+    None outside the fixed models' cost range."""
+    baseline = hull.at(point["cost"])
+    gain = None if baseline is None else point["accuracy"] - baseline
+    return {**point, "hull_accuracy": baseline, "gain_over_hull": gain}
+
+
 def frontier(
     calibration: Outcomes,
     test: Outcomes,
@@ -198,7 +209,8 @@ def frontier(
     policies: Sequence[str] = POLICIES,
 ) -> dict[str, Any]:
     """Every policy at every threshold, chosen on `calibration` and measured on `test`, with each fixed model's
-    point on `test` and, per policy and fixed model, whether routing beats it (in the policy's own metric)."""
+    point on `test` and, per policy and fixed model, whether routing beats it (in the policy's own metric); every
+    point is compared with the fixed models' random-mix hull (`hull`: its vertices)."""
     if calibration.models != test.models:
         raise InputError(f"calibration models {list(calibration.models)} differ from test's {list(test.models)}")
     unknown = sorted(set(policies) - set(ROUTERS))
@@ -208,7 +220,9 @@ def frontier(
     unseen = sorted(set(test.levels.tolist()) - set(table.levels))
     if unseen:
         raise InputError(f"test levels {unseen} have no calibration examples to choose their model from")
-    fixed = {model: measure(test, lambda level, model=model: model) for model in test.models}
+    measured = {model: measure(test, lambda level, model=model: model) for model in test.models}
+    hull = upper_hull(HullPoint(point["cost"], point["accuracy"], model) for model, point in measured.items())
+    fixed = {model: compare_with_hull(point, hull) for model, point in measured.items()}
     result: dict[str, Any] = {
         "models": list(test.models),
         "levels": list(table.levels),
@@ -218,6 +232,7 @@ def frontier(
             "share": table.share.tolist(),
         },
         "fixed": fixed,
+        "hull": [vars(vertex) for vertex in hull.vertices],
         "routed": {},
         "dominance": {},
     }
@@ -229,11 +244,12 @@ def frontier(
             if key in points:  # the same routing from another threshold: one point, its threshold range
                 points[key]["thresholds"].append(float(threshold))
                 continue
-            points[key] = {
+            routed = {
                 "thresholds": [float(threshold)],
                 "assignment": assignment,
                 **measure(test, assignment.__getitem__),
             }
+            points[key] = compare_with_hull(routed, hull)
         result["routed"][policy] = list(points.values())
         metric = METRIC_OF_POLICY[policy]
         result["dominance"][policy] = {
@@ -254,6 +270,9 @@ def plot_frontier(result: dict[str, Any], path: str | Path, cost_label: str = "c
     for axis, metric, title in zip(axes, ("accuracy", "minimum_accuracy"), ("average accuracy", "minimum accuracy")):
         fixed = result["fixed"]
         axis.plot([p["cost"] for p in fixed.values()], [p[metric] for p in fixed.values()], "ks", label="fixed size")
+        if metric == "accuracy":  # the random-mix baseline is a hull of average accuracies
+            hull = result["hull"]
+            axis.plot([v["cost"] for v in hull], [v["accuracy"] for v in hull], "k:", label="random mix of sizes")
         for model, point in fixed.items():
             axis.annotate(
                 model, (point["cost"], point[metric]), fontsize=7, xytext=(3, -8), textcoords="offset points"
