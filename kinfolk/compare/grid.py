@@ -123,12 +123,12 @@ def run_grid(
             record = read_record(folder)
             if record is None:
                 progress.set_description(key.name)
-                record = _train_one(key, folder, settings[key.method], steps, train, load, progress.update)
+                record, runs[key] = _train_one(key, folder, settings[key.method], steps, train, load, progress.update)
                 line = f"{key.name}: {record.seconds:.0f}s, {_summary(record)}"
             else:
+                runs[key] = load(key, folder)
                 progress.update(steps)
                 line = f"{key.name}: done earlier, {_summary(record)}"
-            runs[key] = load(key, folder)
             progress.clear()  # the line goes above the bar, not after it
             stage(line)
             progress.refresh()
@@ -137,7 +137,9 @@ def run_grid(
     return runs
 
 
-def _train_one(key: RunKey, folder: Path, settings: str, steps: int, train: Train, load: Load, advance) -> RunRecord:
+def _train_one(
+    key: RunKey, folder: Path, settings: str, steps: int, train: Train, load: Load, advance
+) -> tuple[RunRecord, Run]:
     if folder.exists():  # an interrupted run: its log and caches would mix with the new run's
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -151,7 +153,8 @@ def _train_one(key: RunKey, folder: Path, settings: str, steps: int, train: Trai
 
     train(key, folder, step_done)
     advance(steps - trained)  # a run that stopped early (none should) still fills its share of the bar
-    checkpoints = sorted(load(key, folder).checkpoints)
+    run = load(key, folder)
+    checkpoints = sorted(run.checkpoints)
     record = RunRecord(
         key.method,
         key.learning_rate,
@@ -164,7 +167,7 @@ def _train_one(key: RunKey, folder: Path, settings: str, steps: int, train: Trai
         checkpoints[-1][2],
     )
     write_json(folder / RUN_FILE, asdict(record))
-    return record
+    return record, run
 
 
 def _summary(record: RunRecord) -> str:

@@ -21,7 +21,8 @@ import numpy as np
 from kinfolk.atomic import atomic_directory
 from kinfolk.compare.analysis import Analysis
 from kinfolk.compare.verdicts import NOT_REACHED
-from kinfolk.drift import markdown, plot, target_matched
+from kinfolk.drift import target_matched
+from kinfolk.drift import write_report as write_drift_report
 from kinfolk.drift.matching import START_STEP
 
 CAVEAT = (
@@ -41,10 +42,7 @@ def write_report(analysis: Analysis, out: str | Path, about: Sequence[str], targ
         (staging / "report.json").write_text(json.dumps(report_json(analysis, about, target), indent=2))
         plot_curves(analysis, staging / "curves.png")
         for method, matched in matched_reports.items():
-            (staging / f"drift-{method}").mkdir()
-            (staging / f"drift-{method}" / "report.md").write_text(markdown(matched), encoding="utf-8")
-            (staging / f"drift-{method}" / "report.json").write_text(json.dumps(matched.as_dict(), indent=2))
-            plot(matched, staging / f"drift-{method}" / "drift.png")
+            write_drift_report(matched, staging / f"drift-{method}")
     return text
 
 
