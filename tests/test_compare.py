@@ -325,3 +325,21 @@ def test_measuring_the_target_leaves_training_unchanged(tiny_tokenizer, tmp_path
     rows = [json.loads(line) for line in (tmp_path / "measured" / "drift.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 2, 4] and seen == [False] * 3
     assert [math.floor(row["target"]) for row in rows] == [1, 2, 3]
+
+
+def test_an_lm_eval_target_is_the_tasks_metric_and_a_missing_metric_is_named(tiny_kit):
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM
+
+    from kinfolk.callbacks.evaluation import run_lm_eval
+    from kinfolk.callbacks.target_metric import lm_eval_metric
+    from kinfolk.errors import InputError
+    from kinfolk.eval_tasks import task_dir
+
+    task, tasks = "kinfolk_csqa_sample", TaskManager(include_path=str(task_dir()), include_defaults=False)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_kit.model_dir("llama")), tiny_kit.tokenizer()
+    score = lm_eval_metric(task, "acc", limit=4, batch_size=2, task_manager=tasks)(model, tokenizer)
+    _, samples = run_lm_eval(model, tokenizer, [task], tasks, limit=4, batch_size=2)
+    assert score == pytest.approx(np.mean([record["acc"] for record in samples[task]]))
+    with pytest.raises(InputError, match=f"{task} has no metric 'f1'; it reports .*lm_eval/{task}/acc"):
+        lm_eval_metric(task, "f1", limit=4, batch_size=2, task_manager=tasks)(model, tokenizer)
