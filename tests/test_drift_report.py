@@ -258,3 +258,11 @@ def test_a_target_that_never_moved_is_flagged():
         "reaching a score"
     ]
     assert "## Flags\n\n- run lora/1: its target never moved" in markdown(report)
+
+
+def test_the_segment_from_the_untouched_start_is_linear_even_when_its_logged_kl_is_float_noise():
+    # RetainedKLCallback's step-0 KL can come out as 2.2e-17 instead of 0: the geometric chord from it would read
+    # √(2.2e-17 · 0.04) ≈ 3e-10 at the middle of the first segment
+    noisy = Run("lora", "0", "l", [(0, 0.0, 2.2e-17), (4, 2.0, 0.04), (8, 4.0, 0.16)])
+    assert noisy.drift_at(1.0).drift == pytest.approx(0.02)
+    assert noisy.drift_at(3.0).drift == pytest.approx(math.sqrt(0.04 * 0.16))  # later segments stay geometric

@@ -191,6 +191,15 @@ OUTPUTS: list[Output] = [
         heavy={"truncated inputs": f"{BAD}::test_drift_refuses_bad_runs_and_options_in_one_line"},
     ),
     Output(
+        "compare", "--out", "compare",
+        "compare --model_name_or_path {small} --dataset_name {data} --dataset_validation_split train"
+        " --retained_dataset_name {data} --retained_kl_split train --out {out}",
+        "kinfolk.compare.grid.run_grid", beside=lambda path: [path / console.LOG_FILE],
+        exists="reused: finished runs (their run.json) are skipped; one trained under other settings is refused",
+        overwrite="n/a (no `--overwrite`: a rerun resumes)",
+        heavy={"truncated inputs": "test_compare.py::test_bad_input_is_one_line_and_exit_2_before_any_model_loads"},
+    ),
+    Output(
         "churn", "--out", "churn.json", "churn {data} {data} --out {out}", "kinfolk.commands.churn.read_samples",
         interrupted=NO_LOG, heavy={"truncated inputs": f"{BAD}::test_churn_refuses_bad_sample_files_naming_them"},
     ),

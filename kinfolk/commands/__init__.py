@@ -1,5 +1,6 @@
 """The `kinfolk <verb>` command line: one module per verb in this package (beside the helpers they share: `parsing`,
-`launching`, and the drift command's report, `drift_report`), the verb table below.
+`launching`, the drift command's report, `drift_report`, and compare's options and runs, `compare_options` and
+`compare_runs`), the verb table below.
 
 Every verb parses its options from dataclasses with TRL's parser (`kinfolk.commands.parsing.VerbParser`): each
 `--x_y` option is also `--x-y`, `--config run.yaml` supplies the same keys, and `--help` lists them with their help.
@@ -48,6 +49,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "eval": ("kinfolk.commands.eval", "lm-eval's CLI with kinfolk's adapter types and tasks registered"),
     "churn": ("kinfolk.commands.churn", "answer churn (C/F/G/W) between lm-eval sample logs, with paired intervals"),
     "drift": ("kinfolk.commands.drift", "retained KL at matched target scores across methods and seeds (report)"),
+    "compare": (
+        "kinfolk.commands.compare",
+        "train methods x learning rates x seeds, choose rates on validation, report drift at matched gain",
+    ),
     "lab": ("kinfolk.commands.lab", "the lab: build the tiny CPU-trained model family with known ground truth"),
     "demo": ("kinfolk.commands.demo", "ATLANTIS, ATLAS and ADAPT on the lab family, measured; writes report.md"),
 }

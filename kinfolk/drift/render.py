@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from kinfolk.atomic import atomic_directory
-from kinfolk.drift.matching import MIN_INTERVAL_UNITS, Comparison, MatchedGain
+from kinfolk.drift.matching import MIN_INTERVAL_UNITS, START_STEP, Comparison, MatchedGain
 
 
 def _ratio_cell(comparison: Comparison) -> str:
@@ -75,10 +75,11 @@ def plot(report: MatchedGain, path: Path) -> None:
     names = [summary.method for summary in report.methods]
     colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 10))
     for run in report.runs:
-        points = [(target, drift) for _, target, drift in run.checkpoints if drift > 0]  # no log of the start's 0
+        # not the untouched start: its drift is 0 (no log), or float noise that would stretch the axis to 1e-17
+        points = [(target, drift) for step, target, drift in run.checkpoints if step != START_STEP and drift > 0]
         if points:
             axis.scatter(*zip(*points), s=14, alpha=0.45, color=colours[run.method])
-        envelope = [(target, drift) for _, target, drift in run.envelope if drift > 0]
+        envelope = [(target, drift) for step, target, drift in run.envelope if step != START_STEP and drift > 0]
         if len(envelope) > 1:  # straight on a log axis: the geometric interpolation itself
             axis.plot(*zip(*envelope), linewidth=0.8, alpha=0.45, color=colours[run.method])
     for summary in report.methods:

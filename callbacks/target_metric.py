@@ -1,0 +1,163 @@
+"""`TargetMetricCallback`: the score training aims at, measured on held-out data at the steps the retained KL is.
+
+What drift is matched against: a run's target score (higher is better) at step 0 (the untouched model), every N
+optimiser steps, at evaluations and at the end, logged in the trainer's record of the step (`metric_name`,
+default `target`) and appended to `drift.jsonl` beside the retained KL, so `kinfolk drift` and `kinfolk compare`
+join the two by step. The measure is a function of the model and its tokenizer; three are built here:
+
+- `validation_nll(rows, tokenizer)`: minus the mean negative log-likelihood per trained token of held-out SFT rows
+  (the tokens the SFT trainer would train on, tokenised exactly as it does), pooled over tokens;
+- `metric_function(function, rows)`: a user's `function(model, tokenizer, rows) -> float`;
+- `lm_eval_metric(task, metric)`: one lm-eval task's metric, run in-process (`kinfolk.callbacks.evaluation`).
+
+The model is measured in eval mode without gradients, and every RNG state is restored afterwards, so measuring
+changes nothing about training. Each process measures (a sharded model needs them all); the main one writes.
+
+    trainer.add_callback(TargetMetricCallback(trainer, validation_nll(validation, tokenizer), every_n_steps=50))
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from kinfolk.batches import retained_batches
+from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
+from kinfolk.callbacks.step_log import log_step_metrics
+from kinfolk.divergence import OutputHead
+from kinfolk.errors import InputError
+from kinfolk.logprobs import label_log_probs
+
+Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
+
+
+class TargetMetricCallback(TrainerCallback):
+    """Measure `measure(model, tokenizer)` during training; see the module docstring.
+
+    Args:
+        trainer: the trainer it reports through (as TRL's callbacks take it).
+        measure: the score of the model now, higher is better.
+        every_n_steps: also measure every N optimiser steps (None: at evaluations, the start and the end).
+        metric_name: the logged name.
+        measure_at_start: measure the untouched model before the first step.
+    """
+
+    def __init__(
+        self,
+        trainer,
+        measure: Measure,
+        every_n_steps: int | None = None,
+        metric_name: str = "target",
+        measure_at_start: bool = True,
+    ):
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        self.trainer = trainer
+        self.measure = measure
+        self.every_n_steps = every_n_steps
+        self.metric_name = metric_name
+        self.measure_at_start = measure_at_start
+        self._last_step = None
+
+    def score(self) -> float:
+        """The target score of the model now (eval mode, no gradients, RNG states and train mode restored)."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        tokenizer = self.trainer.processing_class
+        was_training = model.training
+        model.eval()
+        try:
+            with preserved_rng(), torch.no_grad():
+                return float(self.measure(model, getattr(tokenizer, "tokenizer", tokenizer)))
+        finally:
+            model.train(was_training)
+
+    def _record(self, args, state, control) -> None:
+        if self._last_step == state.global_step:
+            return
+        self._last_step = state.global_step
+        start = time.perf_counter()
+        value = self.score()
+        if not math.isfinite(value):
+            raise InputError(f"the target metric {self.metric_name!r} is {value} at step {state.global_step}")
+        log_step_metrics(self.trainer, control, {self.metric_name: value})
+        if args.process_index == 0:
+            seconds = round(time.perf_counter() - start, 4)
+            row = {"step": state.global_step, "epoch": state.epoch, self.metric_name: value}
+            append_row(args.output_dir, {**row, f"{self.metric_name}_seconds": seconds})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.measure_at_start and state.global_step == 0:
+            self._record(args, state, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            self._record(args, state, control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._record(args, state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._record(args, state, control)
+
+
+def validation_nll(rows, tokenizer, sft_args=None, max_length: int | None = 1024, batch_size: int = 8) -> Measure:
+    """Minus the mean NLL per trained token of `rows` (SFT rows, tokenised as the trainer with `sft_args` would)."""
+    batches = retained_batches(rows, tokenizer, "response", max_length, batch_size, sft_args, "validation")
+
+    def measure(model: torch.nn.Module, _tokenizer) -> float:
+        device = OutputHead.of(model).weight.device
+        total = tokens = 0.0
+        with torch.no_grad():
+            for batch in batches:
+                batch = {name: tensor.to(device) for name, tensor in batch.items()}
+                log_probs, mask = label_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+                total += float(log_probs.double().sum())
+                tokens += float(mask.sum())
+        return total / max(tokens, 1.0)
+
+    return measure
+
+
+def load_metric_function(spec: str) -> Callable:
+    """`module:function` imported: the user's target metric."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise InputError(f"--metric takes module:function, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise InputError(f"--metric {spec}: cannot import {module_name} ({error})") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise InputError(f"--metric {spec}: {module_name} has no function {name!r}")
+    return function
+
+
+def metric_function(function: Callable, rows: Sequence[dict]) -> Measure:
+    """A user's `function(model, tokenizer, rows) -> float` (higher is better) on fixed `rows`."""
+    return lambda model, tokenizer: function(model, tokenizer, rows)
+
+
+def lm_eval_metric(
+    task: str, metric: str, limit: int | float | None = None, batch_size: int = 8, task_manager=None
+) -> Measure:
+    """lm-eval's `metric` of `task` (its first filter when the task has several), on `limit` examples;
+    `task_manager` (lm-eval's index of tasks, seconds to build) defaults to kinfolk's tasks and lm-eval's."""
+    name = f"lm_eval/{task}/{metric}"
+
+    def measure(model: torch.nn.Module, tokenizer) -> float:
+        results, samples = run_lm_eval(model, tokenizer, [task], task_manager, limit=limit, batch_size=batch_size)
+        scores = score_metrics(results, samples)
+        found = [key for key in scores if key == name or (key.startswith(f"{name}/") and not key.endswith("_count"))]
+        if not found:
+            raise InputError(f"lm-eval task {task} has no metric {metric!r}; it reports {sorted(scores)}")
+        return scores[found[0]]
+
+    return measure

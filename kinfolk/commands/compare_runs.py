@@ -1,0 +1,260 @@
+"""How `kinfolk compare` trains one run: `kinfolk sft`'s trainer with the method, measured as it trains.
+
+A run is `WeightedSFTTrainer` on the target's training split at one learning rate and seed, for `--max_steps`
+steps, with the method's adapter or regulariser (`compare_options.METHODS`; ATLAS's options and fit are `kinfolk
+sft`'s, `AtlasArguments`), and two callbacks measuring every `--eval_steps` steps from step 0 into the run's
+`drift.jsonl`: `RetainedKLCallback` (KL(frozen || current) on the retained KL split) and `TargetMetricCallback`
+(the target score, higher is better: minus the validation NLL per token by default, a user's function with
+`--metric`, or an lm-eval task's metric with `--lm_eval_task`).
+
+`CompareRuns(args)` checks every input first (the model, the four splits, the metric, the lm-eval task, whether
+full fine-tuning fits, finished runs trained under other settings) and refuses bad input before any model loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections.abc import Iterator
+from math import prod
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from kinfolk.atomic import fingerprint
+from kinfolk.callbacks import RetainedKLCallback
+from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
+from kinfolk.callbacks.target_metric import (
+    TargetMetricCallback,
+    lm_eval_metric,
+    load_metric_function,
+    metric_function,
+    validation_nll,
+)
+from kinfolk.commands.compare_options import CompareArguments
+from kinfolk.commands.drift_report import load_run
+from kinfolk.commands.sft_atlas_options import AtlasArguments
+from kinfolk.compare import RunKey, check_settings, run_keys
+from kinfolk.data import load_splits, naming, select_split
+from kinfolk.drift import Run
+from kinfolk.errors import InputError
+from kinfolk.inputs import check_model
+from kinfolk.plugins.atlas_comparators import matching_lora_config
+from kinfolk.tensors import TensorReader
+from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
+
+TARGET, KL = "target", "retained_kl"  # the drift.jsonl keys matched
+REGULARISED = ("lora_output_kl", "lora_replay")  # the methods that train on retained rows
+FULL_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and Adam's two moments
+
+
+class _StepDone(TrainerCallback):
+    def __init__(self, step_done):
+        self.step_done = step_done
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_done()
+
+
+class CompareRuns:
+    """The comparison's inputs, checked, and how to train and read each of its runs (`train`, `load`)."""
+
+    def __init__(self, args: CompareArguments):
+        self.args = args
+        self.keys = run_keys(args.methods, args.learning_rates, args.seeds)
+        self.user_metric = load_metric_function(args.metric) if args.metric else None
+        self.settings = {method: fingerprint(self._settings(method)) for method in args.methods}
+        check_settings(self.keys, args.out, self.settings)
+        check_model(args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
+        target, retained = args.dataset_name, args.retained_dataset_name
+        with _no_progress_bars():  # before the log opens: datasets' bars would reach the terminal
+            target_splits, retained_splits = load_splits(target), load_splits(retained)
+        self.train_rows = select_split(target_splits, args.dataset_train_split, target)
+        self.validation_rows = select_split(target_splits, args.dataset_validation_split, target)
+        self.retained_rows = select_split(retained_splits, args.retained_train_split, retained)
+        self.retained_kl_rows = select_split(retained_splits, args.retained_kl_split, retained)
+        self.task_manager = _lm_eval_tasks(args.lm_eval_task) if args.lm_eval_task is not None else None
+        if "full" in args.methods:
+            _check_full_fits(args.model_name_or_path, args.use_cpu)
+        self.tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+
+    def _settings(self, method: str) -> dict:
+        """Everything that shapes a run of `method` besides its rate and seed (its `run.json` fingerprint)."""
+        args = self.args
+        shared = {
+            name: getattr(args, name)
+            for name in (
+                "model_name_or_path", "dataset_name", "dataset_train_split", "dataset_validation_split",
+                "retained_dataset_name", "retained_kl_split", "max_steps", "eval_steps", "per_device_train_batch_size",
+                "gradient_accumulation_steps", "max_length", "lr_scheduler_type", "metric", "lm_eval_task",
+                "lm_eval_metric", "lm_eval_limit", "measure_batch_size", "dtype",
+            )
+        }  # fmt: skip
+        own = {
+            "lora": ("rank", "target_modules", "layers"),
+            "atlas": ("rank", "target_modules", "layers", "retained_train_split", "atlas_regions", "atlas_directions",
+                      "atlas_fit_rows"),
+            "lora_output_kl": ("rank", "target_modules", "layers", "retained_train_split", "output_kl_coef"),
+            "lora_replay": ("rank", "target_modules", "layers", "retained_train_split", "replay_ratio"),
+            "full": (),
+        }[method]  # fmt: skip
+        return {"method": method, **shared, **{name: getattr(args, name) for name in own}}
+
+    @property
+    def target(self) -> str:
+        """What the target score is, for the report."""
+        args = self.args
+        split = f"{args.dataset_name} ({args.dataset_validation_split})"
+        if args.lm_eval_task is not None:
+            return f"lm-eval {args.lm_eval_task} {args.lm_eval_metric}"
+        if args.metric is not None:
+            return f"{args.metric} on {split}"
+        return f"minus the NLL per token of {split}"
+
+    def about(self) -> list[str]:
+        """report.md's description of the set-up."""
+        args = self.args
+        return [
+            f"Model `{args.model_name_or_path}`; target `{args.dataset_name}` (trained on `{args.dataset_train_split}`"
+            f"); retained `{args.retained_dataset_name}` (KL measured on `{args.retained_kl_split}`, regularisers and "
+            f"the ATLAS fit on `{args.retained_train_split}`).",
+            f"Target score (higher is better): {self.target}. Drift: retained KL(frozen || current) per token.",
+            f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates "
+            f"{', '.join(f'{rate:g}' for rate in args.learning_rates)} x seeds {', '.join(map(str, args.seeds))}; "
+            f"{args.max_steps} steps each, measured at step 0 and every {args.eval_steps} steps.",
+        ]
+
+    def load(self, key: RunKey, folder: Path) -> Run:
+        """A run's checkpoints (step, target score, retained KL) from its drift.jsonl."""
+        return load_run(key.method, str(key.seed), folder, TARGET, KL)
+
+    def train(self, key: RunKey, folder: Path, step_done) -> None:
+        """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step."""
+        args = self.args
+        dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
+        atlas = AtlasArguments(
+            use_atlas=True,
+            atlas_layers=args.layers,
+            atlas_target_modules=args.target_modules,
+            atlas_r=args.rank,
+            atlas_regions=args.atlas_regions,
+            atlas_directions=args.atlas_directions,
+            atlas_fit_max_length=args.max_length,
+            atlas_seed=key.seed,
+        )
+        if key.method == "full":
+            peft_config = None
+        elif key.method == "atlas":
+            peft_config = atlas.peft_config()
+        else:  # LoRA where ATLAS would sit, at its rank: the comparison changes the method and nothing else
+            peft_config = matching_lora_config(model, atlas.peft_config())
+        config = WeightedSFTConfig(
+            output_dir=str(folder),
+            learning_rate=key.learning_rate,
+            seed=key.seed,
+            max_steps=args.max_steps,
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            max_length=args.max_length,
+            lr_scheduler_type=args.lr_scheduler_type,
+            logging_steps=args.eval_steps,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            use_cpu=args.use_cpu,
+            gradient_checkpointing=False,
+            weight_column=None,
+            output_kl_coef=args.output_kl_coef if key.method == "lora_output_kl" else 0.0,
+            replay_ratio=args.replay_ratio if key.method == "lora_replay" else 0.0,
+        )
+        with naming(args.dataset_name):
+            trainer = WeightedSFTTrainer(
+                model=model,
+                args=config,
+                train_dataset=self.train_rows,
+                processing_class=self.tokenizer,
+                peft_config=peft_config,
+                retained_dataset=self.retained_rows if key.method in REGULARISED else None,
+            )
+        if key.method == "atlas":
+            rows = self.retained_rows
+            if args.atlas_fit_rows is not None:
+                rows = rows.select(range(min(args.atlas_fit_rows, len(rows))))
+            atlas.fit(trainer.model, self.tokenizer, progress=False, retained=rows)
+        trainer.add_callback(
+            RetainedKLCallback(
+                trainer,
+                self.retained_kl_rows,
+                every_n_steps=args.eval_steps,
+                batch_size=args.measure_batch_size,
+                max_length=args.max_length,
+                metric_name=KL,
+                measure_at_start=True,
+            )
+        )
+        trainer.add_callback(TargetMetricCallback(trainer, self._measure(config), args.eval_steps, TARGET))
+        trainer.add_callback(_StepDone(step_done))
+        trainer.train()
+        del trainer, model
+        for cache in folder.glob(FROZEN_CACHE_FILE.format(rank="*")):  # full fine-tuning's frozen side: done with
+            cache.unlink()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _measure(self, config: WeightedSFTConfig):
+        args = self.args
+        if args.lm_eval_task is not None:
+            return lm_eval_metric(
+                args.lm_eval_task, args.lm_eval_metric, args.lm_eval_limit, args.measure_batch_size, self.task_manager
+            )
+        if self.user_metric is not None:
+            return metric_function(self.user_metric, list(self.validation_rows))
+        return validation_nll(self.validation_rows, self.tokenizer, config, args.max_length, args.measure_batch_size)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    import datasets
+
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
+
+
+def _lm_eval_tasks(task: str):
+    """lm-eval's index of the tasks, built once for every run: kinfolk's alone when `task` is one of them (a second
+    to build), else lm-eval's too; a task neither knows is refused."""
+    from lm_eval.tasks import TaskManager
+
+    from kinfolk.eval_tasks import task_dir
+
+    for include_defaults in (False, True):
+        manager = TaskManager(include_path=str(task_dir()), include_defaults=include_defaults)
+        if task in manager.all_tasks:
+            return manager
+    raise InputError(f"--lm_eval_task {task}: no such lm-eval task (kinfolk's or lm-eval's)")
+
+
+def _check_full_fits(model: str, use_cpu: bool) -> None:
+    """Refuse full fine-tuning whose fp32 weights, gradients and Adam moments exceed the free device memory."""
+    if not Path(model).is_dir():  # a Hub id: its size is not known before it loads
+        return
+    reader = TensorReader(model)
+    needed = FULL_BYTES_PER_PARAMETER * sum(prod(reader.shape_and_dtype(name)[0]) for name in reader.names())
+    if torch.cuda.is_available() and not use_cpu:
+        free, where = torch.cuda.mem_get_info()[0], "on the GPU"
+    else:
+        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "in memory"
+    if needed > free:
+        raise InputError(
+            f"--methods full: full fine-tuning of {model} needs about {needed / 2**30:.1f} GiB (fp32 weights, "
+            f"gradients and Adam's two moments) and {free / 2**30:.1f} GiB is free {where}; leave it out"
+        )

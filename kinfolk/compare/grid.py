@@ -1,0 +1,175 @@
+"""The runs of a comparison, where each one lives, and training them with resume per run.
+
+A run is one (method, learning rate, seed), trained for a fixed number of steps into its own folder
+`OUT/runs/<method>/lr-<rate>/seed-<seed>/`, whose `drift.jsonl` gets the target metric and the retained KL at every
+evaluation step (step 0, the untouched model, included). `run.json` (`RunRecord`) is written atomically once the
+run has finished: a rerun of the same comparison skips every run that has one and trains the others from their
+start (a folder without `run.json` is what an interrupted run left, and is cleared first). A `run.json` written
+under other settings (`RunRecord.settings`, a fingerprint of everything that shapes the run) is refused before any
+training: the comparison would otherwise mix runs of two different set-ups.
+
+Training and reading a run's log are the caller's (`train`, `load`): this module holds the bookkeeping only, so
+it depends on no trainer.
+
+>>> import tempfile
+>>> key = RunKey("lora", 1e-4, 0)
+>>> key.name, key.folder("out").as_posix()
+('lora lr=0.0001 seed=0', 'out/runs/lora/lr-0.0001/seed-0')
+>>> [k.name for k in run_keys(["lora", "atlas"], [1e-4], [0, 1])]
+['lora lr=0.0001 seed=0', 'lora lr=0.0001 seed=1', 'atlas lr=0.0001 seed=0', 'atlas lr=0.0001 seed=1']
+>>> read_record(tempfile.mkdtemp()) is None  # not finished
+True
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kinfolk.atomic import write_json
+from kinfolk.console import bar, stage
+from kinfolk.drift import Run
+from kinfolk.errors import InputError, OutputExistsError
+from kinfolk.inputs import read_json
+
+RUN_FILE = "run.json"
+RUNS_FOLDER = "runs"
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """One run of the grid."""
+
+    method: str
+    learning_rate: float
+    seed: int
+
+    @property
+    def rate(self) -> str:
+        """The learning rate as written in folder names and reports (`%g`: 0.0001, 3e-05)."""
+        return f"{self.learning_rate:g}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.method} lr={self.rate} seed={self.seed}"
+
+    def folder(self, out: str | Path) -> Path:
+        return Path(out) / RUNS_FOLDER / self.method / f"lr-{self.rate}" / f"seed-{self.seed}"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """`run.json`: a finished run, the settings it was trained under and what its log ended with."""
+
+    method: str
+    learning_rate: float
+    seed: int
+    settings: str  # fingerprint of the run's settings (`check_settings`)
+    steps: int
+    seconds: float
+    start_target: float
+    final_target: float
+    final_kl: float
+
+
+def run_keys(methods: Sequence[str], learning_rates: Sequence[float], seeds: Sequence[int]) -> list[RunKey]:
+    """Every (method, rate, seed), methods in the order given, then rates, then seeds."""
+    return [RunKey(method, float(rate), int(seed)) for method in methods for rate in learning_rates for seed in seeds]
+
+
+def read_record(folder: str | Path) -> RunRecord | None:
+    """The finished run's record, or None when the folder holds no `run.json` (never started, or interrupted)."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return None
+    fields = read_json(path, "run record")
+    try:
+        return RunRecord(**fields)
+    except TypeError as error:
+        raise InputError(f"{path} is not a kinfolk compare run record ({error})") from None
+
+
+def check_settings(keys: Sequence[RunKey], out: str | Path, settings: Mapping[str, str]) -> None:
+    """Refuse a finished run of `keys` whose `run.json` was written under other settings than `settings[method]`:
+    before any model loads, so the user can choose another `--out` or remove that run."""
+    for key in keys:
+        record = read_record(key.folder(out))
+        if record is not None and record.settings != settings[key.method]:
+            raise OutputExistsError(
+                f"{key.folder(out)} holds a run trained with other settings ({record.settings}, now "
+                f"{settings[key.method]}); use another --out or remove that folder to train it again",
+                path=key.folder(out),
+            )
+
+
+# train(key, folder, step_done) trains one run into `folder`, calling `step_done()` after each optimiser step
+Train = Callable[[RunKey, Path, Callable[[], None]], None]
+Load = Callable[[RunKey, Path], Run]  # a run's checkpoints (step, target, retained KL) from its log
+
+
+def run_grid(
+    keys: Sequence[RunKey], out: str | Path, settings: Mapping[str, str], steps: int, train: Train, load: Load
+) -> dict[RunKey, Run]:
+    """Train every run of `keys` that has not finished, skipping those that have; one terminal line per run and
+    one progress bar over every step of the grid. Returns each run's checkpoints."""
+    runs: dict[RunKey, Run] = {}
+    progress = bar(total=steps * len(keys), unit="step", desc="compare")
+    try:
+        for key in keys:
+            folder = key.folder(out)
+            record = read_record(folder)
+            if record is None:
+                progress.set_description(key.name)
+                record, runs[key] = _train_one(key, folder, settings[key.method], steps, train, load, progress.update)
+                line = f"{key.name}: {record.seconds:.0f}s, {_summary(record)}"
+            else:
+                runs[key] = load(key, folder)
+                progress.update(steps)
+                line = f"{key.name}: done earlier, {_summary(record)}"
+            progress.clear()  # the line goes above the bar, not after it
+            stage(line)
+            progress.refresh()
+    finally:
+        progress.close()
+    return runs
+
+
+def _train_one(
+    key: RunKey, folder: Path, settings: str, steps: int, train: Train, load: Load, advance
+) -> tuple[RunRecord, Run]:
+    if folder.exists():  # an interrupted run: its log and caches would mix with the new run's
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    start = time.perf_counter()
+    trained = 0
+
+    def step_done() -> None:
+        nonlocal trained
+        trained += 1
+        advance(1)
+
+    train(key, folder, step_done)
+    advance(steps - trained)  # a run that stopped early (none should) still fills its share of the bar
+    run = load(key, folder)
+    checkpoints = sorted(run.checkpoints)
+    record = RunRecord(
+        key.method,
+        key.learning_rate,
+        key.seed,
+        settings,
+        checkpoints[-1][0],
+        round(time.perf_counter() - start, 3),
+        checkpoints[0][1],
+        checkpoints[-1][1],
+        checkpoints[-1][2],
+    )
+    write_json(folder / RUN_FILE, asdict(record))
+    return record, run
+
+
+def _summary(record: RunRecord) -> str:
+    """Short enough for one terminal line after the stage prefix."""
+    return f"target {record.start_target:.4g}->{record.final_target:.4g}, KL {record.final_kl:.2g}"

@@ -1,0 +1,115 @@
+"""One line per method and level: does the method drift less than the baseline on first reaching that target?
+
+The **report levels** are fractions of the baseline's gain at its chosen rate: start + fraction x (best - start),
+`best` the lowest of its seeds' best scores (so every baseline seed reaches each level) and `start` the mean
+step-0 score. At each level the runs of a method and of the baseline (their chosen rates) are compared by
+`kinfolk.drift.target_matched` at that one level: per seed, ratio = drift(method) / drift(baseline), each read off
+its run's envelope; over seeds, their geometric mean and, from `kinfolk.stats.MIN_INTERVAL_UNITS` (5) paired
+seeds on, the exponentiated 95 % t-interval of the log ratios. The verdict is "less drift" or "more drift" when
+that interval excludes 1, "not significant" when it holds 1 or when there are too few seeds for one, and "not
+reached" when a run would reach the level only by extrapolation.
+
+>>> from kinfolk.drift import Run
+>>> runs = [Run(m, str(s), f"{m}/{s}", [(0, 0.0, 0.0), (2, 2.0, d * (1 + s / 10))])
+...         for m, d in (("lora", 0.04), ("atlas", 0.02)) for s in range(5)]
+>>> (verdict,) = verdicts(runs, "lora", [0.5])
+>>> verdict.outcome, round(verdict.ratio, 6)
+('less drift', 0.5)
+>>> print(verdict.line)
+atlas vs lora at target 1 (50% of lora's gain): ratio 0.5 [0.5, 0.5] over 5 seeds (drift 0.0119 vs 0.0238)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kinfolk.compare.selection import start_score
+from kinfolk.drift import Run, target_matched
+from kinfolk.stats import MIN_INTERVAL_UNITS
+
+LESS, MORE, NOT_SIGNIFICANT, NOT_REACHED = "less drift", "more drift", "not significant", "not reached"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`method` against `baseline` at one level; `ratio` below 1 favours `method`."""
+
+    method: str
+    baseline: str
+    fraction: float
+    level: float
+    outcome: str  # LESS, MORE, NOT_SIGNIFICANT or NOT_REACHED
+    seeds: list[str]
+    ratio: float | None
+    low: float | None  # the 95 % t-interval of the ratio (from MIN_INTERVAL_UNITS seeds)
+    high: float | None
+    drift: float | None  # geometric mean over seeds of the method's drift at the level
+    baseline_drift: float | None
+    line: str
+
+
+def report_levels(baseline_runs: Sequence[Run], fractions: Sequence[float]) -> list[float]:
+    """start + fraction x (best - start) per fraction, `best` the lowest of the baseline seeds' best scores."""
+    start = start_score(baseline_runs)
+    best = min(run.envelope()[-1][1] for run in baseline_runs)
+    return [start + fraction * (best - start) for fraction in fractions]
+
+
+def verdicts(runs: Sequence[Run], baseline: str, fractions: Sequence[float]) -> list[Verdict]:
+    """Every other method of `runs` (one chosen rate each) against `baseline`, level by level."""
+    methods = list(dict.fromkeys(run.method for run in runs if run.method != baseline))
+    baseline_runs = [run for run in runs if run.method == baseline]
+    start = start_score(baseline_runs)
+    stuck = [run.name for run in baseline_runs if run.envelope()[-1][1] <= start]
+    if stuck:  # every level would sit at the untouched start, where nothing has drifted yet
+        why = f"{', '.join(stuck)} never scored above the start {start:.4g}"
+        return [_unreached(method, baseline, fraction, start, why) for fraction in fractions for method in methods]
+    levels = report_levels(baseline_runs, fractions)
+    return [
+        _verdict(method, baseline, fraction, level, [run for run in runs if run.method == method], baseline_runs)
+        for fraction, level in zip(fractions, levels)
+        for method in methods
+    ]
+
+
+def _verdict(
+    method: str, baseline: str, fraction: float, level: float, method_runs: list[Run], baseline_runs: list[Run]
+) -> Verdict:
+    head = _head(method, baseline, fraction, level)
+    unreached = [(run.name, run.drift_at(level).how) for run in (*method_runs, *baseline_runs)]
+    unreached = [(name, how) for name, how in unreached if how.startswith("not reached")]
+    if unreached:
+        why = "; ".join(f"{name} {how.removeprefix('not reached: ')}" for name, how in unreached)
+        return _unreached(method, baseline, fraction, level, why)
+    matched = target_matched([*method_runs, *baseline_runs], method, requirements=[level])
+    comparison = matched.comparisons[0]
+    summaries = {summary.method: summary for summary in matched.methods}
+    drift, baseline_drift = (summaries[name].drift_by_requirement[0] for name in (method, baseline))
+    seeds, ratio, interval = comparison.seeds, comparison.ratio, comparison.interval
+    numbers = f"drift {_number(drift)} vs {_number(baseline_drift)}"
+    if interval is None:
+        outcome = NOT_SIGNIFICANT
+        line = (
+            f"{head}: {NOT_SIGNIFICANT} (ratio {ratio:.3g} over {len(seeds)} seed{'s' * (len(seeds) != 1)}; an "
+            f"interval needs {MIN_INTERVAL_UNITS}; {numbers})"
+        )
+    else:
+        outcome = LESS if interval.high < 1 else MORE if interval.low > 1 else NOT_SIGNIFICANT
+        stated = f"ratio {ratio:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(seeds)} seeds"
+        line = f"{head}: {stated} ({numbers})" if outcome != NOT_SIGNIFICANT else f"{head}: {outcome} ({stated})"
+    low, high = (None, None) if interval is None else (interval.low, interval.high)
+    return Verdict(method, baseline, fraction, level, outcome, seeds, ratio, low, high, drift, baseline_drift, line)
+
+
+def _head(method: str, baseline: str, fraction: float, level: float) -> str:
+    return f"{method} vs {baseline} at target {level:.4g} ({fraction:.0%} of {baseline}'s gain)"
+
+
+def _unreached(method: str, baseline: str, fraction: float, level: float, why: str) -> Verdict:
+    line = f"{_head(method, baseline, fraction, level)}: {NOT_REACHED} ({why})"
+    return Verdict(method, baseline, fraction, level, NOT_REACHED, [], None, None, None, None, None, line)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
