@@ -198,7 +198,7 @@ def test_score_checks_the_cache_and_out_before_reading_the_data(family, files, t
         (["--formula", "odds"], "argument --formula: invalid choice: 'odds'"),
         (["--temperature", "0"], "temperature must be positive"),
         (["--clip_quantiles", "0.9", "0.1"], "clip_quantiles must satisfy 0 <= low < high <= 1"),
-        (["--no_such_option", "1"], "unrecognized arguments: --no_such_option 1"),
+        (["--no_such_option", "1"], "--no_such_option: unknown option"),
     ],
 )
 def test_score_refuses_bad_options_as_usage_errors(files, tmp_path, options, named):
@@ -508,7 +508,16 @@ DRIFT_CASES = {
     "broken line": ([("lora", "1", "broken")], [], ["broken/drift.jsonl:3 is not JSON"]),
     "row without a step": ([("lora", "1", "no-step")], [], ["no-step/drift.jsonl:1 is not a drift row"]),
     "score not a number": ([("lora", "1", "text-score")], [], ["text-score", "step 1", "'ten', not a finite number"]),
-    "target never logged": ([("lora", "1", "no-target")], [], ["no-target", "no step with both", TARGET]),
+    "target never logged": (
+        [("lora", "1", "no-target")],
+        [],
+        ["no-target", f"has no --target key {TARGET!r} in any row (its rows carry ['retained_kl'])"],
+    ),
+    "target misspelled": (
+        [],
+        ["--target", TARGET.replace("pass", "pas")],
+        [f"no --target key {TARGET.replace('pass', 'pas')!r} in any row", f"did you mean {TARGET!r}?"],
+    ),
     "method without runs": ([("lora", "1", "lora")], ["--method", "dora"], ["method 'dora' has no runs"]),
     "one method and seed twice": ([("lora", "1", "lora"), ("lora", "1", "atlas")], [], ["'lora' and seed '1'"]),
     "no shared target range": ([("lora", "1", "far")], [], ["share no range", "pass --requirements"]),

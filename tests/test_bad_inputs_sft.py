@@ -136,8 +136,16 @@ def test_sft_refuses_an_output_dir_that_is_a_file(tiny_kit, data):
         (["--weight_reduction", "bogus"], "argument --weight_reduction/--weight-reduction: invalid choice: 'bogus'"),
         (["--atlas_residual", "bogus"], "--atlas_residual"),
         # a typo that neither kinfolk sft nor accelerate launch knows: one line, not accelerate's usage
-        (["--weight_colum", "weight"], "unrecognized option --weight_colum: neither a kinfolk sft option nor an"),
-        (["--num_proceses", "2"], "unrecognized option --num_proceses"),
+        (
+            ["--weight_colum", "weight"],
+            "--weight_colum: unknown option, neither kinfolk sft's nor accelerate launch's;"
+            " did you mean --weight_column?",
+        ),
+        (
+            ["--num_proceses", "2"],
+            "--num_proceses: unknown option, neither kinfolk sft's nor accelerate launch's; did "
+            "you mean --num_processes?",
+        ),
     ],
 )
 def test_sft_refuses_bad_options_before_launching(data, tmp_path, refuse_launch, options, named):

@@ -149,8 +149,9 @@ def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -
 def main(argv: list[str] | None = None) -> int:
     """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
+    parser = make_parser()
+    (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
     prepare_out(args, training_args)
     keep(
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",

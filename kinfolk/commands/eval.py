@@ -29,7 +29,7 @@ from pathlib import Path
 
 import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
 from kinfolk.atomic import check_writable
-from kinfolk.commands.parsing import VerbParser
+from kinfolk.commands.parsing import VerbParser, reworded
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
@@ -141,18 +141,24 @@ def _checked(config_class):
 
 def _usage_errors_as_kinfolk_eval(parser) -> None:
     """lm-eval's parser (and each sub-command's) reports a usage error as kinfolk eval's one line: the user typed
-    `kinfolk eval`, whose own options and lm-eval's are both accepted."""
+    `kinfolk eval`, whose own options and lm-eval's are both accepted (an unknown one with the nearest of them)."""
+    subparsers = {
+        name: subparser
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, subparser in action.choices.items()
+    }
+    known = [*make_parser().option_names(), *parser._option_string_actions]
+    known += [option for subparser in subparsers.values() for option in subparser._option_string_actions]
 
     def refuse(message: str):
-        raise InputError(f"{' '.join(message.split())} (see kinfolk eval --help and lm-eval run --help)")
+        raise InputError(f"{reworded(message, known)} (see kinfolk eval --help and lm-eval run --help)")
 
     parser.prog = "kinfolk eval"
     parser.error = refuse
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, subparser in action.choices.items():
-                subparser.prog = f"kinfolk eval {name}"
-                subparser.error = refuse
+    for name, subparser in subparsers.items():
+        subparser.prog = f"kinfolk eval {name}"
+        subparser.error = refuse
 
 
 def cli_evaluate() -> None:

@@ -52,12 +52,23 @@ def config_keys(op: str) -> str:
     return "\n".join(lines)
 
 
+def file_keys(op: str | None) -> dict[str, str]:
+    """The CONFIG.yaml keys of operation `op` (of every operation when None), each with the file it belongs in: a
+    key given as a command-line option is pointed there."""
+    if op is not None:
+        config_class = CONFIGS.get(op) or DeltaCosineConfig
+        return {item.name: f"the {op} config file (CONFIG.yaml)" for item in dataclasses.fields(config_class)}
+    classes = (*CONFIGS.values(), DeltaCosineConfig)
+    return {item.name: "the merge config file (CONFIG.yaml)" for cls in classes for item in dataclasses.fields(cls)}
+
+
 def make_parser(argv: list[str] | None = None) -> VerbParser:
     """The verb's parser; when `argv` names an operation, its help ends with that operation's config keys."""
     named = [op for op in (argv or []) if op in OPERATIONS][:1]
     epilog = config_keys(named[0]) if named else "`kinfolk merge OP --help` lists OP's CONFIG.yaml keys."
     parser = VerbParser(
         MergeArguments,
+        file_keys=file_keys(named[0] if named else None),
         prog="kinfolk merge",
         description=__doc__.split("\n\n")[0],
         epilog=epilog,

@@ -205,8 +205,9 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 def main(argv: list[str] | None = None) -> int:
     """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parsed, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
+    parser = make_parser()
+    parsed, config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
     training_args = parsed[1]
     output_options = next((group for group in parsed if isinstance(group, OutputArguments)), OutputArguments())
     check_output_dir(output_options, training_args)
