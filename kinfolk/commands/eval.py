@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
+from kinfolk.adapter_checks import check_adapter_fits_base
 from kinfolk.atomic import check_writable
 from kinfolk.commands.parsing import VerbParser, reworded
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
@@ -80,14 +81,16 @@ def _with_kinfolk_tasks(task_manager_class, include_defaults: bool = True):
 
 
 def check_paths(config) -> None:
-    """Refuse, before lm-eval loads anything, local model and adapter paths that cannot load and an output path
-    that cannot be written. Hub ids are checked as far as the local cache allows (`kinfolk.inputs.check_model`)."""
+    """Refuse, before lm-eval loads anything, local model and adapter paths that cannot load (or an adapter made
+    for another model: `kinfolk.adapter_checks`) and an output path that cannot be written. Hub ids are checked as far as the local cache allows (`kinfolk.inputs.check_model`)."""
     model_args = config.model_args or {}
     if config.model in HF_MODELS and isinstance(model_args.get("pretrained"), str):
         check_model(model_args["pretrained"], "pretrained=", tokenizer="tokenizer" not in model_args)
     adapter = model_args.get("peft")
     if config.model in HF_MODELS and isinstance(adapter, str) and is_local_path(adapter):
         check_adapter(adapter)
+        if isinstance(model_args.get("pretrained"), str):  # an adapter made on another model: refused unloaded
+            check_adapter_fits_base(adapter, model_args["pretrained"], "the peft= adapter")
     if config.output_path:
         path = Path(config.output_path)
         check_writable(path if path.suffix == ".json" else path / "results")
