@@ -5,7 +5,8 @@ culprit (the file, row, tensor or config field). The command line (`kinfolk.comm
 line and exits 2, with no traceback; any other exception is a runtime failure (exit 1) or a bug. Python callers
 catch `InputError` (or `ValueError`, which it extends) to tell the two apart. The types that are also about a path
 derive from the matching `OSError` too (`FileNotFoundError`, `FileExistsError`, `PermissionError`), so code that
-catches those keeps working. The modules that raise them re-export them where they were first defined
+catches those keeps working. `nearest` and `did_you_mean` find the known name (an option, a config key, a log's
+key) a mistyped one was probably meant as, for hints. The modules that raise them re-export them where they were first defined
 (`kinfolk.tokens.DatasetFormatError`, `kinfolk.plugins.adapt.CheckpointError`, ...).
 
 >>> try:
