@@ -6,10 +6,18 @@
 
 Each adds its metrics to the trainer's own log record of the step (`kinfolk.callbacks.step_log`) and appends to
 `<output_dir>/drift.jsonl`, which `kinfolk drift` and `kinfolk compare` read.
+
+Its names are imported on first use: `kinfolk drift` and `kinfolk churn` read logs (`drift_log`, `churn`) without
+torch.
 """
 
-from kinfolk.callbacks.evaluation import LmEvalCallback
-from kinfolk.callbacks.retained_kl import RetainedKLCallback
-from kinfolk.callbacks.target_metric import TargetMetricCallback
+from kinfolk.lazy import lazy_exports
 
-__all__ = ["LmEvalCallback", "RetainedKLCallback", "TargetMetricCallback"]
+# imported when one of their names is first asked for (`kinfolk.lazy`)
+_EXPORTS = {
+    "kinfolk.callbacks.evaluation": ("LmEvalCallback",),
+    "kinfolk.callbacks.retained_kl": ("RetainedKLCallback",),
+    "kinfolk.callbacks.target_metric": ("TargetMetricCallback",),
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

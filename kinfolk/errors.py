@@ -5,7 +5,8 @@ culprit (the file, row, tensor or config field). The command line (`kinfolk.comm
 line and exits 2, with no traceback; any other exception is a runtime failure (exit 1) or a bug. Python callers
 catch `InputError` (or `ValueError`, which it extends) to tell the two apart. The types that are also about a path
 derive from the matching `OSError` too (`FileNotFoundError`, `FileExistsError`, `PermissionError`), so code that
-catches those keeps working. The modules that raise them re-export them where they were first defined
+catches those keeps working. `nearest` and `did_you_mean` find the known name (an option, a config key, a log's
+key) a mistyped one was probably meant as, for hints. The modules that raise them re-export them where they were first defined
 (`kinfolk.tokens.DatasetFormatError`, `kinfolk.plugins.adapt.CheckpointError`, ...).
 
 >>> try:
@@ -23,7 +24,8 @@ True
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,31 @@ def option_name(name: str, flag: str | None = None) -> str:
     """An option's name as the user spells it: `--name` (or `flag`, when the command line names it otherwise) from
     the command line, `name` from Python."""
     return (flag or f"--{name}") if _spelling == "cli" else name
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name closest to `name` when one is close enough to be what was meant (difflib's ratio >= 0.75),
+    else None. `-` and `_` count as the same character, as the options' two spellings do; of a name's spellings
+    the one nearer the user's is given.
+
+    >>> nearest("--learnng_rate", ["--learning-rate", "--learning_rate", "--lr_scheduler_type"])
+    '--learning_rate'
+    >>> nearest("--bogus", ["--learning_rate"]) is None
+    True
+    """
+    spellings: dict[str, list[str]] = {}
+    for item in known:
+        spellings.setdefault(item.replace("-", "_"), []).append(item)
+    found = difflib.get_close_matches(name.replace("-", "_"), list(spellings), n=1, cutoff=0.75)
+    if not found:
+        return None
+    return max(spellings[found[0]], key=lambda item: difflib.SequenceMatcher(None, name, item).ratio())
+
+
+def did_you_mean(name: str, known: Iterable[str], quote: bool = False) -> str:
+    """`; did you mean X?` for the nearest known name (quoted as a key with `quote`), or "" when none is near."""
+    match = nearest(name, known)
+    return f"; did you mean {match!r}?" if match and quote else f"; did you mean {match}?" if match else ""
 
 
 class InputError(ValueError):

@@ -19,15 +19,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from kinfolk.errors import CorruptFileError, MissingInputError, ModelInputError
-from kinfolk.tensors import INDEX_FILE, SINGLE_FILE, TensorReader
 
-# Weight files transformers loads, in its order of preference.
-WEIGHT_FILES = (SINGLE_FILE, INDEX_FILE, "pytorch_model.bin", "pytorch_model.bin.index.json")
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# Weight files transformers loads, in its order of preference (`kinfolk.tensors.SINGLE_FILE`, `INDEX_FILE` first;
+# spelled out here so that the checks' module imports neither torch nor transformers until a model is checked).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def read_json(path: str | Path, what: str = "file") -> Any:
@@ -89,6 +95,8 @@ def is_local_path(path: str | Path) -> bool:
 
 def model_config(path: str | Path, role: str) -> PretrainedConfig:
     """`AutoConfig.from_pretrained(path)`, its failures named by role and path."""
+    from transformers import AutoConfig
+
     if is_local_path(path) and not Path(path).is_dir():
         if Path(path).exists():
             raise ModelInputError(f"{role} model {path} is a file; give the model's directory", path=path)
@@ -110,6 +118,10 @@ def model_config(path: str | Path, role: str) -> PretrainedConfig:
 def check_model(path: str | Path, role: str, tokenizer: bool = True) -> PretrainedConfig:
     """Refuse a model that cannot be loaded: config, weight files (safetensors headers read) and, if asked, the
     tokenizer. Returns the config. Hub ids are checked as far as the offline cache allows."""
+    from transformers import AutoTokenizer
+
+    from kinfolk.tensors import INDEX_FILE, SINGLE_FILE, TensorReader
+
     config = model_config(path, role)
     directory = Path(path)
     if directory.is_dir():

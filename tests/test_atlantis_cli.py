@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from datasets import Dataset, load_from_disk
 
+import kinfolk.trainers.atlantis.diagnostics
 from kinfolk.commands import main
-from kinfolk.commands import score as score_cli
 from kinfolk.testing import prompt_completion_dataset
 from kinfolk.trainers.atlantis import compute_weights, score_dataset
 
@@ -106,7 +106,8 @@ def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
     def disk_full(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(score_cli, "write_report", disk_full)  # fails half-way through writing --out
+    # fails half-way through writing --out (`kinfolk score` imports the writer when it runs)
+    monkeypatch.setattr(kinfolk.trainers.atlantis.diagnostics, "write_report", disk_full)
     capsys.readouterr()
     assert main(["score", "--data", str(setup["data"]), *setup["models"], "--out", str(out), *setup["cache"]]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]  # one line naming --out (kinfolk.diskspace)

@@ -131,12 +131,12 @@ def test_score_refuses_a_data_file_without_scores_when_no_model_is_given(files, 
 def data_never_read(monkeypatch):
     """Fails the test if `kinfolk score` reads its data: model and output checks come before (a Hub dataset or a
     large file takes minutes to load)."""
-    from kinfolk.commands import score
+    import kinfolk.data
 
     def refuse(*args, **kwargs):
         raise AssertionError("the data was read before the models and --out were checked")
 
-    monkeypatch.setattr(score, "load_data", refuse)
+    monkeypatch.setattr(kinfolk.data, "load_data", refuse)  # `kinfolk score` imports it when it runs
 
 
 def test_score_checks_models_before_reading_the_data(family, files, tmp_path, data_never_read):
@@ -198,7 +198,7 @@ def test_score_checks_the_cache_and_out_before_reading_the_data(family, files, t
         (["--formula", "odds"], "argument --formula: invalid choice: 'odds'"),
         (["--temperature", "0"], "temperature must be positive"),
         (["--clip_quantiles", "0.9", "0.1"], "clip_quantiles must satisfy 0 <= low < high <= 1"),
-        (["--no_such_option", "1"], "unrecognized arguments: --no_such_option 1"),
+        (["--no_such_option", "1"], "--no_such_option: unknown option"),
     ],
 )
 def test_score_refuses_bad_options_as_usage_errors(files, tmp_path, options, named):
@@ -317,9 +317,10 @@ EVAL_TASK = "kinfolk_csqa_sample"
 
 @pytest.fixture(scope="module")
 def eval_inputs(tiny_kit, tmp_path_factory):
-    """The tiny Llama, a saved ATLAS adapter on it, copies of that adapter with an edited `r` and a broken
-    adapter_config.json, and a model directory with a broken config.json."""
-    from peft import get_peft_model
+    """The tiny Llama, a saved ATLAS adapter and a LoRA adapter on it, copies of the ATLAS adapter with an edited `r`
+    and a broken adapter_config.json, a model directory with a broken config.json, and a wider Llama (whose modules
+    the adapters do not fit)."""
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from kinfolk.plugins.atlas import AtlasConfig
@@ -329,6 +330,8 @@ def eval_inputs(tiny_kit, tmp_path_factory):
     torch.manual_seed(0)
     config = AtlasConfig(r=4, residual="plain", target_modules=["o_proj"], init_weights=False)
     get_peft_model(AutoModelForCausalLM.from_pretrained(base), config).save_pretrained(root / "atlas")
+    lora = LoraConfig(r=4, target_modules=["o_proj", "gate_proj"])
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(root / "lora")
     edited = shutil.copytree(root / "atlas", root / "atlas-r-edited")
     values = json.loads((edited / "adapter_config.json").read_text())
     (edited / "adapter_config.json").write_text(json.dumps({**values, "r": 8}))
@@ -337,7 +340,7 @@ def eval_inputs(tiny_kit, tmp_path_factory):
     broken_model = shutil.copytree(base, root / "model-broken-config")
     (broken_model / "config.json").write_text("{")
     (root / "a-file").write_text("")
-    return {"base": base, "root": root}
+    return {"base": base, "root": root, "wider": tiny_kit.model_dir("llama", "large")}
 
 
 EVAL_CASES = {
@@ -355,6 +358,22 @@ EVAL_CASES = {
         "pretrained={base},peft={root}/atlas-broken-config",
         [],
         ["atlas-broken-config/adapter_config.json", "not valid JSON"],
+    ),
+    # the small Llama's o_proj is 32 × 32 and its gate_proj 64 × 32; the wider one's 64 × 64 and 128 × 64
+    "ATLAS adapter made on another model": (
+        "pretrained={wider},peft={root}/atlas",
+        [],
+        [
+            "the peft= adapter",
+            "/atlas was made for another model than",
+            "atlas_A is (4, 32)",
+            "o_proj.weight is (64, 64)",
+        ],
+    ),
+    "LoRA adapter made on another model": (
+        "pretrained={wider},peft={root}/lora",
+        [],
+        ["/lora was made for another model", "gate_proj.lora_A.weight is (4, 32)", "gate_proj.weight is (128, 64)"],
     ),
     "task not found": ("pretrained={base}", ["--tasks", "kinfolk_no_such_task"], ["Tasks not found: kinfolk_no_such"]),
     "no tasks": ("pretrained={base}", ["--tasks", ""], ["no --tasks given"]),
@@ -381,7 +400,7 @@ def test_eval_refuses_bad_models_adapters_tasks_and_paths_before_loading(eval_in
     monkeypatch.setattr("lm_eval.simple_evaluate", refuse)
     monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", refuse)
     model_args, options, named = EVAL_CASES[case]
-    paths = {"root": eval_inputs["root"], "base": eval_inputs["base"]}
+    paths = {"root": eval_inputs["root"], "base": eval_inputs["base"], "wider": eval_inputs["wider"]}
     options = [option.format(**paths) for option in options]
     if "--tasks" not in options:
         options += ["--tasks", EVAL_TASK]
@@ -508,7 +527,16 @@ DRIFT_CASES = {
     "broken line": ([("lora", "1", "broken")], [], ["broken/drift.jsonl:3 is not JSON"]),
     "row without a step": ([("lora", "1", "no-step")], [], ["no-step/drift.jsonl:1 is not a drift row"]),
     "score not a number": ([("lora", "1", "text-score")], [], ["text-score", "step 1", "'ten', not a finite number"]),
-    "target never logged": ([("lora", "1", "no-target")], [], ["no-target", "no step with both", TARGET]),
+    "target never logged": (
+        [("lora", "1", "no-target")],
+        [],
+        ["no-target", f"has no --target key {TARGET!r} in any row (its rows carry ['retained_kl'])"],
+    ),
+    "target misspelled": (
+        [],
+        ["--target", TARGET.replace("pass", "pas")],
+        [f"no --target key {TARGET.replace('pass', 'pas')!r} in any row", f"did you mean {TARGET!r}?"],
+    ),
     "method without runs": ([("lora", "1", "lora")], ["--method", "dora"], ["method 'dora' has no runs"]),
     "one method and seed twice": ([("lora", "1", "lora"), ("lora", "1", "atlas")], [], ["'lora' and seed '1'"]),
     "no shared target range": ([("lora", "1", "far")], [], ["share no range", "pass --requirements"]),

@@ -104,6 +104,15 @@ SFT_CASES = {
         ["--use_atlas", "--atlas_retained_dataset", "{data}/empty.jsonl"],
         ["empty.jsonl is empty"],
     ),
+    # TRL passes one --lora_target_modules value to PEFT as a regular expression over whole module names
+    "LoRA target modules matching no module": (
+        ["--use_peft", "--lora_target_modules", "o_proj"],
+        ["--use_peft --lora_target_modules o_proj: Target modules o_proj not found", "write '.*o_proj'"],
+    ),
+    "ATLAS layer the model lacks": (
+        ["--use_atlas", "--atlas_retained_dataset", "{data}/train.jsonl", "--atlas_layers", "9"],
+        ["--use_atlas (--atlas_target_modules, --atlas_layers, --atlas_r): Target modules", "[9]"],
+    ),
     "two adapters": (
         ["--use_atlas", "--use_peft", "--atlas_retained_dataset", "{data}/train.jsonl"],
         ["several adapters were requested (--use_peft, AtlasArguments)"],
@@ -115,13 +124,39 @@ SFT_CASES = {
 }
 
 
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a model's weights are loaded: every check that needs none must come first."""
+    from transformers import PreTrainedModel
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model's weights were loaded before the bad input was refused")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(refuse))
+
+
 @pytest.mark.parametrize("case", list(SFT_CASES))
-def test_sft_refuses_bad_data_weights_models_and_adapters(tiny_kit, data, tmp_path, case):
+def test_sft_refuses_bad_data_weights_models_and_adapters(tiny_kit, data, tmp_path, no_model_load, case):
     options, named = SFT_CASES[case]
     options = [option.format(data=data) for option in options]
     defaults = {"--model_name_or_path": str(tiny_kit.model_dir("llama")), "--dataset_name": str(data / "train.jsonl")}
     argv = [item for flag, value in defaults.items() if flag not in options for item in (flag, value)] + options
     refused_sft(argv, *named, output_dir=tmp_path / "run", inputs=[data])
+
+
+def test_sft_refuses_to_resume_an_adapter_made_on_another_model(tiny_kit, data, tmp_path, no_model_load):
+    from peft import LoraConfig, get_peft_model
+
+    from kinfolk.testing import build_model
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    wider = build_model("llama", size="large")  # o_proj 64 × 64; the small Llama's is 32 × 32
+    get_peft_model(wider, LoraConfig(r=4, target_modules=["o_proj"])).save_pretrained(checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    argv = ["--model_name_or_path", tiny_kit.model_dir("llama"), "--dataset_name", data / "train.jsonl"]
+    argv += ["--use_peft", "--resume_from_checkpoint", checkpoint]
+    named = ["the --resume_from_checkpoint adapter", "checkpoint-2 was made for another model", "(4, 64)", "(32, 32)"]
+    refused_sft(argv, *named, output_dir=tmp_path / "run", inputs=[checkpoint])
 
 
 def test_sft_refuses_an_output_dir_that_is_a_file(tiny_kit, data):
@@ -136,8 +171,16 @@ def test_sft_refuses_an_output_dir_that_is_a_file(tiny_kit, data):
         (["--weight_reduction", "bogus"], "argument --weight_reduction/--weight-reduction: invalid choice: 'bogus'"),
         (["--atlas_residual", "bogus"], "--atlas_residual"),
         # a typo that neither kinfolk sft nor accelerate launch knows: one line, not accelerate's usage
-        (["--weight_colum", "weight"], "unrecognized option --weight_colum: neither a kinfolk sft option nor an"),
-        (["--num_proceses", "2"], "unrecognized option --num_proceses"),
+        (
+            ["--weight_colum", "weight"],
+            "--weight_colum: unknown option, neither kinfolk sft's nor accelerate launch's;"
+            " did you mean --weight_column?",
+        ),
+        (
+            ["--num_proceses", "2"],
+            "--num_proceses: unknown option, neither kinfolk sft's nor accelerate launch's; did "
+            "you mean --num_processes?",
+        ),
     ],
 )
 def test_sft_refuses_bad_options_before_launching(data, tmp_path, refuse_launch, options, named):

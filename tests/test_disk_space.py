@@ -162,7 +162,7 @@ def test_a_disk_that_fills_during_an_atomic_file_names_the_destination(tmp_path,
 
 
 def test_score_refuses_before_reading_its_data_when_the_output_does_not_fit(tiny_kit, tmp_path, monkeypatch):
-    from kinfolk.commands import score
+    import kinfolk.data
 
     data = tmp_path / "train.jsonl"
     prompt_completion_dataset(30).to_json(str(data))
@@ -172,7 +172,7 @@ def test_score_refuses_before_reading_its_data_when_the_output_does_not_fit(tiny
     def refuse(*args, **kwargs):
         raise AssertionError("the data was read before the free-space check")
 
-    monkeypatch.setattr(score, "load_data", refuse)
+    monkeypatch.setattr(kinfolk.data, "load_data", refuse)  # `kinfolk score` imports it when it runs
     family = tiny_kit.family("qwen2")
     out = tmp_path / "scored.jsonl"
     models = ["--large_base", family["large_base"], "--small_base", family["small_base"]]

@@ -90,6 +90,7 @@ def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts
     teacher = tiny_kit.model_dir("llama", "large")
     prompt_completion_dataset(4).to_json(tmp_path / "sft.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "no-sft-columns.jsonl").write_text('{"question": "1 + 1?", "answer": "2"}\n')
     (tmp_path / "a-file").write_text("not a model")
     (tmp_path / "not-a-checkpoint").mkdir()
     out = tmp_path / "out"
@@ -102,6 +103,14 @@ def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts
         ([*common, *sft, "--layers", "{every: [1"], ["--layers", "is not valid YAML"]),
         ([*common, "--sft_data", tmp_path / "missing.jsonl"], ["missing.jsonl", "no such data file"]),
         ([*common, "--pretraining_data", tmp_path / "empty.jsonl", *sft], ["empty.jsonl", "is empty"]),
+        (
+            [*common, "--sft_data", tmp_path / "no-sft-columns.jsonl"],
+            [
+                "--sft_data",
+                "no-sft-columns.jsonl: the dataset has none of the SFT column sets",
+                "['answer', 'question']",
+            ],
+        ),
         ([*common, *sft, "--resume_from_checkpoint", tmp_path / "not-a-checkpoint"], ["not a checkpoint"]),
         ([*common, *sft, "--resume_from_checkpoint", tmp_path / "nowhere"], ["nowhere", "no such checkpoint"]),
     ]

@@ -106,7 +106,7 @@ def test_cli_writes_markdown_json_and_plot(run_dirs, tmp_path, capsys):
 
 
 def test_missing_keys_are_named(run_dirs):
-    with pytest.raises(ValueError, match="no step with both 'lm_eval/other'"):
+    with pytest.raises(ValueError, match="has no target key 'lm_eval/other' in any row"):
         load_run("atlas", "1", run_dirs[("atlas", "1")], "lm_eval/other")
 
 

@@ -106,7 +106,7 @@ def test_one_micro_family_runs_every_cell_and_control(micro_family, tmp_path):
         (["lab", "experiment", "atlas-controls", "run", "--figure", "x.png"], "atlas-controls draws no figure"),
         (["lab", "experiment", "atlas-controls", "run", "--pilot"], "atlas-controls has no pilot"),
         (["lab", "experiment", "real-atlas", "run", "--pilot", "--seeds", "0"], "--pilot runs the pilot's own seed"),
-        (["lab", "experiment", "atlas", "plan", "--temperature", "1"], "unrecognized arguments: --temperature"),
+        (["lab", "experiment", "atlas", "plan", "--temperature", "1"], "--temperature: unknown option"),
         (["lab", "experiment", "atlas", "analyse", "--results", "nowhere"], "nowhere/atlas.plan.json"),
         (["lab"], "kinfolk lab needs an action"),
     ],

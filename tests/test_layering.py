@@ -53,9 +53,29 @@ def layer(name: str) -> str:
     return "foundation"
 
 
-def kinfolk_imports(path: Path) -> list[tuple[int, str]]:
+def lazy_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """The modules a package imports on first use of their names (`kinfolk.lazy.lazy_exports(__name__, EXPORTS)`,
+    EXPORTS a dict literal of {module: names}, given inline or by a module-level name)."""
+    literals = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports" and len(node.args) == 2:
+            exports = node.args[1]
+            exports = literals.get(exports.id) if isinstance(exports, ast.Name) else exports
+            found += [(key.lineno, key.value) for key in getattr(exports, "keys", []) if isinstance(key, ast.Constant)]
+    return found
+
+
+def kinfolk_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = lazy_imports(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -121,8 +141,9 @@ def imported_modules(importer: str) -> set[str]:
     """The kinfolk modules `importer` runs when its imports run (those inside functions too): each imported module
     (`from X import Y` imports X.Y when Y is a submodule) and the packages above it that do not hold `importer`
     (importing X.Y runs X's `__init__` first, unless X is already being imported as the importer's parent)."""
-    names = set()
-    for node in ast.walk(ast.parse(MODULES[importer].read_text(encoding="utf-8"))):
+    tree = ast.parse(MODULES[importer].read_text(encoding="utf-8"))
+    names = {name for _, name in lazy_imports(tree)}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -189,6 +210,12 @@ def test_the_circle_finder_finds_circles_and_self_imports():
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_circles({"a": {"a"}, "b": set()}) == [["a"]]
     assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_lazy_export_counts_as_an_import_of_its_package():
+    assert "kinfolk.plugins.adapt.api" in imported_modules("kinfolk.plugins.adapt")
+    lazy = {name for _, name in kinfolk_imports(REPO / "trainers" / "__init__.py")}
+    assert "kinfolk.trainers.weighted_sft_trainer" in lazy
 
 
 def test_an_outside_import_runs_the_package_init_and_a_submodule_counts():

@@ -1,8 +1,16 @@
-"""Trainers that drop into TRL: weighted SFT (ATLANTIS), distillation (ADAPT) and their regularisers."""
+"""Trainers that drop into TRL: weighted SFT (ATLANTIS), distillation (ADAPT) and their regularisers.
 
-from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
-from kinfolk.trainers.layer_distillation_trainer import LayerDistillationTrainer
-from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
-from kinfolk.trainers.weighted_sft_trainer import WeightedSFTTrainer
+Its names are imported on first use: a light submodule (`atlantis.config`) loads without the trainers' torch and TRL.
+"""
 
-__all__ = ["LayerDistillationConfig", "LayerDistillationTrainer", "WeightedSFTConfig", "WeightedSFTTrainer"]
+from kinfolk.lazy import lazy_exports
+
+# imported when one of their names is first asked for (`kinfolk.lazy`)
+_EXPORTS = {
+    "kinfolk.trainers.layer_distillation_config": ("LayerDistillationConfig",),
+    "kinfolk.trainers.layer_distillation_trainer": ("LayerDistillationTrainer",),
+    "kinfolk.trainers.weighted_sft_config": ("WeightedSFTConfig",),
+    "kinfolk.trainers.weighted_sft_trainer": ("WeightedSFTTrainer",),
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

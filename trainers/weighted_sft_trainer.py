@@ -202,8 +202,9 @@ def _refuse_sequence_sharding(parallelism: Any) -> None:
 
 
 def _check_datasets(args: WeightedSFTConfig, formatted: bool, **datasets: Any) -> None:
-    """Refuse a dataset without rows before SFTTrainer reads its first row (a bare StopIteration there), and one
-    without the columns of any SFT format (TRL's KeyError) unless a `formatting_func` builds the text."""
+    """Refuse a dataset without rows before SFTTrainer reads its first row (a bare StopIteration there), one
+    without the columns of any SFT format (TRL's KeyError) unless a `formatting_func` builds the text, and a weight
+    column that is missing or holds bad weights: all before SFTTrainer loads the model."""
     for name, dataset in datasets.items():
         for part, rows in dataset.items() if isinstance(dataset, dict) else [(None, dataset)]:
             if not isinstance(rows, Dataset):
@@ -216,6 +217,11 @@ def _check_datasets(args: WeightedSFTConfig, formatted: bool, **datasets: Any) -
                     dataset_type(rows.column_names, args.dataset_text_field)
                 except DatasetFormatError as error:
                     raise DatasetFormatError(f"{described}: {error}") from None
+            if args.weight_column is not None and (name == "train" or args.weight_eval_loss):
+                # fitted again where the tokens get their weights (`_prepare_dataset`), after the model has loaded
+                WeightTransform.fit(
+                    rows, args.weight_column, args.weight_clip_min, args.weight_clip_max, args.normalize_weights, name
+                )
 
 
 class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):

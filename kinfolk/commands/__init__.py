@@ -15,7 +15,10 @@ One exit-code rule holds for all of them:
 | 130, 143 | interrupted by SIGINT (Ctrl-C) or SIGTERM (`kinfolk.interrupt`) | one line: what is kept, how to resume |
 
 `kinfolk --debug <verb> ...` (or `KINFOLK_DEBUG=1`) shows the traceback of a bad-input error too. A verb's module is
-imported only when that verb runs, which keeps `kinfolk --help` fast.
+imported only when that verb runs, which keeps `kinfolk --help` fast; and a verb module imports the training stack
+(torch, transformers, TRL) only in the functions that do the work, so that its `--help` is fast too (a test checks
+the light verbs' modules import no torch; `bench/bench_cli_help.py` times them). An unknown option is refused
+naming the nearest known one (`kinfolk.commands.parsing`).
 
 >>> main(["--version"])  # doctest: +SKIP
 kinfolk 0.1.0

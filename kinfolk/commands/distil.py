@@ -15,7 +15,7 @@ Options are `LayerDistillationConfig`'s (every `trl sft` training flag and the l
 from flags or `--config distil.yaml`; unknown flags go to `accelerate launch`, which starts this module on every
 process, as `kinfolk sft` does. Bad input exits 2 with one line before any process starts (`check_inputs`): an
 existing `--out` without `--overwrite`, a teacher that cannot load, a layer selection it does not fit, missing or
-empty data, a `--resume_from_checkpoint` that is not a checkpoint; `--overwrite` clears the old output only after
+empty data or data without SFT columns, a `--resume_from_checkpoint` that is not a checkpoint; `--overwrite` clears the old output only after
 those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merges run on the main process only:
 
     kinfolk distil --teacher models/Qwen3-4B-Instruct --pretraining_data pile.jsonl --sft_data math.jsonl \\
@@ -100,7 +100,8 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
 def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
     """Refuse, before any process starts (and before `--overwrite` clears anything), what would fail later: an
     existing or unwritable `--out`, a `--resume_from_checkpoint` that is not a checkpoint, a teacher that cannot
-    load, a layer selection that does not fit it, and data that is missing, empty or unreadable."""
+    load, a layer selection that does not fit it, and data that is missing, empty, unreadable or without SFT
+    columns (`check_phases`)."""
     from kinfolk.inputs import check_model
 
     if not args.teacher or not args.out:  # checked here, after the parse has named any unknown option
@@ -119,9 +120,28 @@ def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) 
         selection.resolve(teacher.get_text_config().num_hidden_layers)
     except LayerMapError as error:
         raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
-    load_phases(args)  # read once here: a bad file is named before any process starts (the processes reuse the cache)
+    check_phases(args, training_args)
     check_free_space(out, distil_bytes(args, training_args), "the student, its checkpoints and its delta")
     return out
+
+
+def check_phases(args: DistilArguments, training_args: LayerDistillationConfig) -> None:
+    """Read both phases' data once here (the processes reuse the cache) and refuse one that has no rows or none of
+    the SFT column sets, naming the option and file: before any process starts, and not only once the init-student
+    merge and the teacher's load are done."""
+    from kinfolk.errors import DatasetFormatError, EmptyDatasetError
+    from kinfolk.tokens import dataset_type
+
+    options = {"--pretraining_data": args.pretraining_data, "--sft_data": args.sft_data}
+    for (option, path), dataset in zip(options.items(), load_phases(args)):
+        if dataset is None:
+            continue
+        if len(dataset) == 0:
+            raise EmptyDatasetError(f"{option} {path} holds no rows")
+        try:
+            dataset_type(dataset.column_names, training_args.dataset_text_field)
+        except DatasetFormatError as error:
+            raise DatasetFormatError(f"{option} {path}: {error}") from None
 
 
 def distil_bytes(args: DistilArguments, training_args: LayerDistillationConfig) -> int:
@@ -149,8 +169,9 @@ def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -
 def main(argv: list[str] | None = None) -> int:
     """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    (args, training_args), config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
+    parser = make_parser()
+    (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
     prepare_out(args, training_args)
     keep(
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",

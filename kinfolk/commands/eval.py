@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loads any adapter)
+from kinfolk.adapter_checks import check_adapter_fits_base
 from kinfolk.atomic import check_destination, check_writable, staging_path
-from kinfolk.commands.parsing import VerbParser
+from kinfolk.commands.parsing import VerbParser, reworded
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
@@ -140,14 +141,16 @@ def _with_kinfolk_tasks(task_manager_class, include_defaults: bool = True):
 
 
 def check_paths(config) -> None:
-    """Refuse, before lm-eval loads anything, local model and adapter paths that cannot load and an output path
-    that cannot be written. Hub ids are checked as far as the local cache allows (`kinfolk.inputs.check_model`)."""
+    """Refuse, before lm-eval loads anything, local model and adapter paths that cannot load (or an adapter made
+    for another model: `kinfolk.adapter_checks`) and an output path that cannot be written. Hub ids are checked as far as the local cache allows (`kinfolk.inputs.check_model`)."""
     model_args = config.model_args or {}
     if config.model in HF_MODELS and isinstance(model_args.get("pretrained"), str):
         check_model(model_args["pretrained"], "pretrained=", tokenizer="tokenizer" not in model_args)
     adapter = model_args.get("peft")
     if config.model in HF_MODELS and isinstance(adapter, str) and is_local_path(adapter):
         check_adapter(adapter)
+        if isinstance(model_args.get("pretrained"), str):  # an adapter made on another model: refused unloaded
+            check_adapter_fits_base(adapter, model_args["pretrained"], "the peft= adapter")
     if config.output_path:
         path = Path(config.output_path)
         check_writable(path if path.suffix == ".json" else path / "results")
@@ -220,18 +223,24 @@ def _checked(config_class, run: SizeRun | None = None):
 
 def _usage_errors_as_kinfolk_eval(parser) -> None:
     """lm-eval's parser (and each sub-command's) reports a usage error as kinfolk eval's one line: the user typed
-    `kinfolk eval`, whose own options and lm-eval's are both accepted."""
+    `kinfolk eval`, whose own options and lm-eval's are both accepted (an unknown one with the nearest of them)."""
+    subparsers = {
+        name: subparser
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, subparser in action.choices.items()
+    }
+    known = [*make_parser().option_names(), *parser._option_string_actions]
+    known += [option for subparser in subparsers.values() for option in subparser._option_string_actions]
 
     def refuse(message: str):
-        raise InputError(f"{' '.join(message.split())} (see kinfolk eval --help and lm-eval run --help)")
+        raise InputError(f"{reworded(message, known)} (see kinfolk eval --help and lm-eval run --help)")
 
     parser.prog = "kinfolk eval"
     parser.error = refuse
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, subparser in action.choices.items():
-                subparser.prog = f"kinfolk eval {name}"
-                subparser.error = refuse
+    for name, subparser in subparsers.items():
+        subparser.prog = f"kinfolk eval {name}"
+        subparser.error = refuse
 
 
 def cli_evaluate() -> None:

@@ -5,10 +5,10 @@ found) is the verb's. What neither the verb nor `accelerate launch` knows is ref
 (`check_launch_arguments`), instead of reaching accelerate, which would print its whole usage.
 
 >>> check_launch_arguments("kinfolk sft", ["--num_processes", "2"], [], ["--num_processes", "2"])
->>> check_launch_arguments("kinfolk sft", ["--weight_colum", "w"], [], ["--weight_colum", "w"])
+>>> check_launch_arguments("kinfolk sft", ["--weight_colum", "w"], [], ["--weight_colum", "w"], ["--weight_column"])
 Traceback (most recent call last):
 ...
-kinfolk.errors.InputError: unrecognized option --weight_colum: neither a kinfolk sft option nor an accelerate launch one (see kinfolk sft --help)
+kinfolk.errors.InputError: --weight_colum: unknown option, neither kinfolk sft's nor accelerate launch's; did you mean --weight_column? (see kinfolk sft --help)
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from kinfolk import console
 from kinfolk.atomic import staging_path
-from kinfolk.commands.parsing import config_file
+from kinfolk.commands.parsing import config_file, did_you_mean
 from kinfolk.errors import CheckpointError, InputError, MissingInputError
 from kinfolk.interrupt import LAUNCHED_ENV, Interrupted
 
@@ -36,22 +37,31 @@ def _launch_options() -> set[str]:
     return {*launch_command_parser()._option_string_actions, *TRL_LAUNCH_OPTIONS}
 
 
-def check_launch_arguments(prog: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> None:
+def check_launch_arguments(
+    prog: str,
+    argv: list[str],
+    config_remaining: list[str],
+    cli_remaining: list[str],
+    verb_options: Iterable[str] = (),
+) -> None:
     """Refuse the options (`cli_remaining`) and `--config` keys (`config_remaining`, as `--key value` pairs) that
     the verb's parser left to `accelerate launch` but that accelerate does not know either: a typo, named in one
-    line (with the YAML file for a key)."""
+    line (with the YAML file for a key), with the nearest of the verb's options (`verb_options`) and accelerate's."""
     known = _launch_options()
+    candidates = [*verb_options, *known]
     for token in cli_remaining:
         name = token.split("=", 1)[0]
         if name.startswith("-") and name not in known:
             raise InputError(
-                f"unrecognized option {name}: neither a {prog} option nor an accelerate launch one (see {prog} --help)"
+                f"{name}: unknown option, neither {prog}'s nor accelerate launch's{did_you_mean(name, candidates)} "
+                f"(see {prog} --help)"
             )
     for flag in config_remaining[::2]:
         if flag not in known:
+            key, keys = flag.lstrip("-"), [option[2:] for option in candidates if option.startswith("--")]
             raise InputError(
-                f"{config_file(argv)}: unknown key {flag.lstrip('-')!r}: neither a {prog} option nor an accelerate "
-                f"launch one (see {prog} --help)",
+                f"{config_file(argv)}: unknown key {key!r}, neither {prog}'s nor accelerate launch's"
+                f"{did_you_mean(key, keys, quote=True)} (see {prog} --help)",
                 path=config_file(argv),
             )
 

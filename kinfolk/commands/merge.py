@@ -17,15 +17,9 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
-from kinfolk.atomic import check_destination
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.console import log_beside, quiet
 from kinfolk.errors import InputError
-from kinfolk.interrupt import keep
-from kinfolk.plugins.adapt.api import merge
 from kinfolk.plugins.adapt.config import CONFIGS, DeltaCosineConfig, load_config
-from kinfolk.plugins.adapt.cosine import write_delta_cosine
-from kinfolk.plugins.adapt.plan import build_plan
 
 OPERATIONS = (*CONFIGS, DeltaCosineConfig.op)
 
@@ -58,12 +52,23 @@ def config_keys(op: str) -> str:
     return "\n".join(lines)
 
 
+def file_keys(op: str | None) -> dict[str, str]:
+    """The CONFIG.yaml keys of operation `op` (of every operation when None), each with the file it belongs in: a
+    key given as a command-line option is pointed there."""
+    if op is not None:
+        config_class = CONFIGS.get(op) or DeltaCosineConfig
+        return {item.name: f"the {op} config file (CONFIG.yaml)" for item in dataclasses.fields(config_class)}
+    classes = (*CONFIGS.values(), DeltaCosineConfig)
+    return {item.name: "the merge config file (CONFIG.yaml)" for cls in classes for item in dataclasses.fields(cls)}
+
+
 def make_parser(argv: list[str] | None = None) -> VerbParser:
     """The verb's parser; when `argv` names an operation, its help ends with that operation's config keys."""
     named = [op for op in (argv or []) if op in OPERATIONS][:1]
     epilog = config_keys(named[0]) if named else "`kinfolk merge OP --help` lists OP's CONFIG.yaml keys."
     parser = VerbParser(
         MergeArguments,
+        file_keys=file_keys(named[0] if named else None),
         prog="kinfolk merge",
         description=__doc__.split("\n\n")[0],
         epilog=epilog,
@@ -75,6 +80,8 @@ def make_parser(argv: list[str] | None = None) -> VerbParser:
 
 
 def cosine(args: MergeArguments, config: DeltaCosineConfig) -> int:
+    from kinfolk.plugins.adapt.cosine import write_delta_cosine
+
     if args.dry_run:
         raise InputError("--dry-run does not apply to delta-cosine (it writes one small JSON file)")
     result = write_delta_cosine(config, args.out, args.overwrite, progress=not args.no_progress)
@@ -86,6 +93,13 @@ def cosine(args: MergeArguments, config: DeltaCosineConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, positional = make_parser(argv).parse(argv)
+    # the merges' modules (torch, transformers) load once the options are parsed: `--help` stays fast
+    from kinfolk.atomic import check_destination
+    from kinfolk.console import log_beside, quiet
+    from kinfolk.interrupt import keep
+    from kinfolk.plugins.adapt.api import merge
+    from kinfolk.plugins.adapt.plan import build_plan
+
     if args.out is None and not args.dry_run:
         raise InputError("--out is required (or pass --dry-run)")
     if not args.dry_run:  # before the config's inputs are read, and before the log is opened beside it

@@ -19,23 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
-
-from kinfolk.atomic import atomic_directory
 from kinfolk.commands.parsing import VerbParser
-from kinfolk.console import log_beside, quiet, show
-from kinfolk.data import check_output, load_data, naming, save_dataset, writes_folder
-from kinfolk.diskspace import check_free_space, path_bytes
-from kinfolk.interrupt import keep
-from kinfolk.tokens import DatasetFormatError
-from kinfolk.trainers.atlantis.cache import default_cache_dir
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
-from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report, write_report
-from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
-from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
-from kinfolk.trainers.atlantis.scoring import process_state
-from kinfolk.trainers.atlantis.weights import weights_from_scores
+
+if TYPE_CHECKING:  # the work's modules (datasets, torch, transformers) load when the verb runs, not for --help
+    from datasets import Dataset
 
 
 @dataclass
@@ -56,6 +46,10 @@ class ScoreArguments:
 
 def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwrite: bool) -> None:
     """The scored rows at `out` (a folder with the report inside, or a file with the report beside it)."""
+    from kinfolk.atomic import atomic_directory
+    from kinfolk.data import save_dataset, writes_folder
+    from kinfolk.trainers.atlantis.diagnostics import write_report
+
     out = Path(out)
     if writes_folder(out):
         with atomic_directory(out, overwrite=overwrite) as staging:
@@ -69,6 +63,10 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
 def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> None:
     """Refuse before any work when `--out` (about twice the input's bytes: its columns plus the scores, and the
     report) or the score cache (at most the input's bytes: three numbers per row and model) cannot fit."""
+    from kinfolk.diskspace import check_free_space, path_bytes
+    from kinfolk.interrupt import keep
+    from kinfolk.trainers.atlantis.cache import default_cache_dir
+
     data_bytes = path_bytes(args.data)
     check_free_space(args.out, 2 * data_bytes, "the scored rows (about twice the input's size)")
     if scoring and config.use_cache:
@@ -78,6 +76,11 @@ def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> Non
 
 
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
+    from kinfolk.console import log_beside, quiet
+    from kinfolk.data import check_output
+    from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
+    from kinfolk.trainers.atlantis.scoring import process_state
+
     state = process_state()
     check_output(args.out, args.overwrite)
     models = {"large_base": args.large_base, "small_base": args.small_base, "reference": args.reference}
@@ -89,6 +92,13 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
 
 
 def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, state) -> Dataset:
+    from kinfolk.console import log_beside, show
+    from kinfolk.data import load_data, naming
+    from kinfolk.tokens import DatasetFormatError
+    from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report
+    from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
+    from kinfolk.trainers.atlantis.weights import weights_from_scores
+
     with state.main_process_first():
         dataset = load_data(args.data, args.split)
     with naming(args.data):

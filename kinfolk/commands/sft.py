@@ -17,7 +17,9 @@ the model loads, and a hook that runs on the built trainer before training (e.g.
 state). Append one to `EXTENSIONS`.
 
 Bad input is refused before the model loads where it can be (`check_inputs`: the model, `--output_dir`,
-`--resume_from_checkpoint`; the data's splits and rows; each extension's `check`), else before training.
+`--resume_from_checkpoint` and, for an adapter run, that its adapter fits the model; the data's splits, columns,
+rows and weights; each extension's `check`; the adapter built on the model's empty modules, so that PEFT's refusal
+of `--lora_target_modules` is one line), else before training.
 
 >>> parser = make_parser()
 >>> script_args, training_args, model_args, dataset_args, *extension_args = parser.parse_args_and_config(
@@ -67,13 +69,15 @@ class SFTExtension:
     `arguments` is a dataclass (fields with `metadata={"help": ...}`) parsed beside TRL's; `peft_config(options,
     model_args)` may return the `PeftConfig` to train (at most one source of adapters per run); `check(options,
     training_args)` refuses bad input of the extension's own before the model loads; `prepare(options, trainer)`
-    runs once the trainer is built, before training.
+    runs once the trainer is built, before training. `options` names the flags that place its adapter, for a
+    refusal of the adapter by PEFT (found on the model's empty modules before its weights load).
     """
 
     arguments: type
     peft_config: Callable[[Any, ModelConfig], Any] | None = None
     check: Callable[[Any, Any], None] | None = None
     prepare: Callable[[Any, Any], None] | None = None
+    options: str = ""
 
 
 @dataclass
@@ -103,7 +107,13 @@ def check_output_dir(options: OutputArguments, training_args) -> None:
 
 # Option groups parsed alongside TRL's.
 EXTENSIONS: list[SFTExtension] = [
-    SFTExtension(arguments=AtlasArguments, peft_config=sft_peft_config, check=sft_check, prepare=sft_prepare),
+    SFTExtension(
+        arguments=AtlasArguments,
+        peft_config=sft_peft_config,
+        check=sft_check,
+        prepare=sft_prepare,
+        options="--use_atlas (--atlas_target_modules, --atlas_layers, --atlas_r)",
+    ),
     SFTExtension(arguments=OutputArguments, check=check_output_dir),
 ]
 
@@ -131,23 +141,65 @@ def load_datasets(script_args: ScriptArguments, dataset_args: DatasetMixtureConf
 
 def build_peft_config(model_args: ModelConfig, extension_options: tuple) -> Any:
     """The one adapter to train: TRL's `--use_peft` LoRA or an extension's; None for full fine-tuning."""
+    return chosen_adapter(model_args, extension_options)[1]
+
+
+def chosen_adapter(model_args: ModelConfig, extension_options: tuple) -> tuple[str, Any]:
+    """(the options that asked for it, the `PeftConfig`) of the one adapter to train; ("", None) for full
+    fine-tuning."""
     from trl import get_peft_config
 
-    candidates = [("--use_peft", get_peft_config(model_args))]
+    candidates = [("--use_peft", lora_options(model_args), get_peft_config(model_args))]
     for extension, options in zip(EXTENSIONS, extension_options):
         if extension.peft_config is not None:
-            candidates.append((extension.arguments.__name__, extension.peft_config(options, model_args)))
-    chosen = [(source, config) for source, config in candidates if config is not None]
+            label = extension.options or extension.arguments.__name__
+            candidates.append((extension.arguments.__name__, label, extension.peft_config(options, model_args)))
+    chosen = [(source, label, config) for source, label, config in candidates if config is not None]
     if len(chosen) > 1:
-        sources = ", ".join(source for source, _ in chosen)
+        sources = ", ".join(source for source, _, _ in chosen)
         raise InputError(f"several adapters were requested ({sources}); choose one")
-    return chosen[0][1] if chosen else None
+    return chosen[0][1:] if chosen else ("", None)
+
+
+def lora_options(model_args: ModelConfig) -> str:
+    """How `--use_peft`'s adapter was placed, as typed."""
+    targets = model_args.lora_target_modules
+    shown = " ".join(targets) if isinstance(targets, list) else targets
+    return "--use_peft" + (f" --lora_target_modules {shown}" if targets is not None else "")
+
+
+def lora_hint(model_args: ModelConfig) -> str:
+    """TRL passes one `--lora_target_modules` value to PEFT as a string, which PEFT reads as a regular expression
+    over whole module names: `o_proj` then matches no module of a transformer. Said when PEFT refuses it."""
+    targets = model_args.lora_target_modules
+    if not isinstance(targets, str) or targets == "all-linear":
+        return ""
+    return (
+        f"a single --lora_target_modules value is a regular expression matched against whole module names such as "
+        f"model.layers.0.self_attn.o_proj: write '.*{targets}', or name two or more modules"
+    )
+
+
+def check_adapter_placement(model_args: ModelConfig, training_args, extension_options: tuple) -> Any:
+    """The adapter to train (`chosen_adapter`), built first on the model's empty modules: what PEFT refuses (no
+    module matches, a layer the model lacks, a rank too wide) is one line naming the option, before the weights
+    load (`kinfolk.adapter_checks.check_adapter_on_empty_model`)."""
+    from kinfolk.adapter_checks import check_adapter_on_empty_model
+
+    options, peft_config = chosen_adapter(model_args, extension_options)
+    if peft_config is not None:
+        hint = lora_hint(model_args) if options.startswith("--use_peft") else ""
+        model = model_args.model_name_or_path
+        check_adapter_on_empty_model(peft_config, model, options, hint, training_args.trust_remote_code)
+    return peft_config
 
 
 def check_inputs(script_args, training_args, model_args) -> None:
     """Refuse, before loading the model or the data, what would fail later: a model directory that cannot load,
     an `--output_dir` that cannot be written (found at the first checkpoint, hours in) and a
-    `--resume_from_checkpoint` directory that is not there (for "true": no checkpoint in `--output_dir`)."""
+    `--resume_from_checkpoint` directory that is not there (for "true": no checkpoint in `--output_dir`) or holds
+    an adapter made on another model (`kinfolk.adapter_checks.check_adapter_fits_base`)."""
+    from kinfolk.adapter_checks import check_adapter_fits_base
     from kinfolk.inputs import check_model
 
     if model_args.model_name_or_path is None:
@@ -157,6 +209,8 @@ def check_inputs(script_args, training_args, model_args) -> None:
     resume = last_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     if resume is not None:
         check_resume_checkpoint(resume)
+        # an adapter run's checkpoint holds the adapter, which must fit this model (headers only)
+        check_adapter_fits_base(resume, model_args.model_name_or_path, "the --resume_from_checkpoint adapter")
 
 
 def train(script_args, training_args, model_args, dataset_args, *extension_options):
@@ -177,6 +231,7 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
         if extension.check is not None:
             extension.check(options, training_args)
     dataset = load_datasets(script_args, dataset_args)
+    peft_config = check_adapter_placement(model_args, training_args, extension_options)
     source = script_args.dataset_name or "the --datasets mixture"
     evaluating = training_args.eval_strategy != "no"
     with naming(source):  # a missing or bad weight column, or columns TRL cannot train on, name the data
@@ -186,7 +241,7 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
             train_dataset=select_split(dataset, script_args.dataset_train_split, source),
             eval_dataset=select_split(dataset, script_args.dataset_test_split, source) if evaluating else None,
             quantization_config=get_quantization_config(model_args),
-            peft_config=build_peft_config(model_args, extension_options),
+            peft_config=peft_config,
         )
     for extension, options in zip(EXTENSIONS, extension_options):
         if extension.prepare is not None:
@@ -205,8 +260,9 @@ def train(script_args, training_args, model_args, dataset_args, *extension_optio
 def main(argv: list[str] | None = None) -> int:
     """The verb: parse here (for `--help` and early errors), then start `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parsed, config_remaining, cli_remaining = make_parser().parse_with_rest(argv)
-    check_launch_arguments(PROG, argv, config_remaining, cli_remaining)
+    parser = make_parser()
+    parsed, config_remaining, cli_remaining = parser.parse_with_rest(argv)
+    check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
     training_args = parsed[1]
     output_options = next((group for group in parsed if isinstance(group, OutputArguments)), OutputArguments())
     check_output_dir(output_options, training_args)

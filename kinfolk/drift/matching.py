@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.errors import InputError
+from kinfolk.errors import InputError, did_you_mean, option_name
 from kinfolk.stats import MIN_INTERVAL_UNITS, Interval, geometric_mean, geometric_mean_interval, t_interval
 
 START_STEP = 0  # the untouched model, which `RetainedKLCallback(measure_at_start=True)` measures (drift 0)
@@ -116,11 +116,19 @@ class Run:
             if target in row and kl in row
         ]
         if not checkpoints:
-            found = sorted({key for row in rows.values() for key in row if key.startswith(("lm_eval/", kl))})
-            raise InputError(
-                f"run {method}/{seed} ({path}) has no step with both {target!r} and {kl!r}; its rows carry {found}"
-            )
+            raise InputError(f"run {method}/{seed} ({path}) {_missing_keys(rows, target, kl)}")
         return cls(method, str(seed), str(path), checkpoints)
+
+
+def _missing_keys(rows: Mapping[int, Mapping[str, Any]], target: str, kl: str) -> str:
+    """Why no step carries both keys: the key (the user's own spelling) that no row carries, with the nearest key
+    the rows do carry and every one they carry; or that the two never share a step."""
+    keys = sorted({key for row in rows.values() for key in row} - {"step"})
+    for key, option in ((target, "target"), (kl, "kl")):
+        if key not in keys:
+            hint = did_you_mean(key, keys, quote=True)
+            return f"has no {option_name(option)} key {key!r} in any row (its rows carry {keys}){hint}"
+    return f"has no step with both {target!r} and {kl!r} (they are logged at different steps)"
 
 
 def _between(low: float, high: float, fraction: float, linear: bool) -> float:

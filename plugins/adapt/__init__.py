@@ -4,53 +4,37 @@ Plan-then-execute, as mergekit: a typed config (`config`) becomes a plan of outp
 (`plan`), checked against the inputs' headers before anything is written, then streamed to a sharded,
 atomically renamed output (`execute`). `cosine` compares two deltas (a diagnostic, not a merge). The command line
 is `kinfolk merge <op> CONFIG.yaml --out DIR` (`kinfolk.commands.merge`).
+
+Its names are imported on first use, so that the merge configs (`config`) load without torch (`kinfolk merge
+--help`).
 """
 
-from kinfolk.errors import TeacherMismatchError
-from kinfolk.plugins.adapt.api import merge
-from kinfolk.plugins.adapt.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    LayerMapMismatchError,
-    TensorMismatchError,
-)
-from kinfolk.plugins.adapt.config import (
-    ApplyDeltaConfig,
-    DeltaConfig,
-    DeltaCosineConfig,
-    InitStudentConfig,
-    InterpolateConfig,
-    MergeConfigError,
-    PatchConfig,
-    load_config,
-)
-from kinfolk.plugins.adapt.cosine import delta_cosine, write_delta_cosine
-from kinfolk.plugins.adapt.execute import MergeError
-from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap, LayerMapError, LayerSelection
-from kinfolk.plugins.adapt.plan import MergePlan, build_plan
+from kinfolk.lazy import lazy_exports
 
-__all__ = [
-    "LAYER_MAP_FILE",
-    "ApplyDeltaConfig",
-    "Checkpoint",
-    "CheckpointError",
-    "DeltaConfig",
-    "DeltaCosineConfig",
-    "InitStudentConfig",
-    "InterpolateConfig",
-    "LayerMap",
-    "LayerMapError",
-    "LayerMapMismatchError",
-    "LayerSelection",
-    "MergeConfigError",
-    "MergeError",
-    "MergePlan",
-    "PatchConfig",
-    "TeacherMismatchError",
-    "TensorMismatchError",
-    "build_plan",
-    "delta_cosine",
-    "load_config",
-    "merge",
-    "write_delta_cosine",
-]
+# imported when one of their names is first asked for (`kinfolk.lazy`)
+_EXPORTS = {
+    "kinfolk.errors": ("TeacherMismatchError",),
+    "kinfolk.plugins.adapt.api": ("merge",),
+    "kinfolk.plugins.adapt.checkpoint": (
+        "Checkpoint",
+        "CheckpointError",
+        "LayerMapMismatchError",
+        "TensorMismatchError",
+    ),
+    "kinfolk.plugins.adapt.config": (
+        "ApplyDeltaConfig",
+        "DeltaConfig",
+        "DeltaCosineConfig",
+        "InitStudentConfig",
+        "InterpolateConfig",
+        "MergeConfigError",
+        "PatchConfig",
+        "load_config",
+    ),
+    "kinfolk.plugins.adapt.cosine": ("delta_cosine", "write_delta_cosine"),
+    "kinfolk.plugins.adapt.execute": ("MergeError",),
+    "kinfolk.plugins.adapt.layer_map": ("LAYER_MAP_FILE", "LayerMap", "LayerMapError", "LayerSelection"),
+    "kinfolk.plugins.adapt.plan": ("MergePlan", "build_plan"),
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -22,18 +22,18 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-import torch
 import yaml
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
-from transformers.utils.hub import convert_file_size_to_int
 
 from kinfolk.errors import InputError
 from kinfolk.plugins.adapt.layer_map import LayerSelection
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-DType = Literal["float32", "bfloat16", "float16", "float64"]
+if TYPE_CHECKING:
+    import torch
+
+DType = Literal["float32", "bfloat16", "float16", "float64"]  # torch's dtypes of these names
 PATCH_ORDERS = ("front-to-back", "back-to-front")
 
 
@@ -67,7 +67,7 @@ class MergeConfig:
 
     def __post_init__(self):
         try:
-            size = convert_file_size_to_int(self.max_shard_size)
+            size = self.max_shard_bytes
         except ValueError:
             size = None
         if not isinstance(size, int) or size <= 0:
@@ -75,10 +75,14 @@ class MergeConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype | None:
-        return DTYPES[self.dtype] if self.dtype else None
+        import torch  # here: the configs load without torch (`kinfolk merge --help` lists their keys)
+
+        return getattr(torch, self.dtype) if self.dtype else None
 
     @property
     def max_shard_bytes(self) -> int:
+        from transformers.utils.hub import convert_file_size_to_int
+
         return convert_file_size_to_int(self.max_shard_size)
 
     def to_dict(self) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinfolk.errors import InputError
-from kinfolk.plugins.adapt.checkpoint import Checkpoint
 
 COST_KINDS = ("parameters", "flops")
 
@@ -45,6 +44,8 @@ class ModelCost:
 def model_cost(directory: str | Path, role: str = "model") -> ModelCost:
     """The cost figures of the model in `directory` (config.json and safetensors headers only); `role` names it in
     errors."""
+    from kinfolk.plugins.adapt.checkpoint import Checkpoint  # torch: not needed for `kinfolk route --help`
+
     checkpoint = Checkpoint.open_model(role, directory)
     sizes = {name: math.prod(shape) for name, (shape, _) in checkpoint.manifest.items()}
     embeddings = f"{checkpoint.layout.embeddings}.weight"

@@ -6,33 +6,21 @@ log-probs and a `weight` column; `compute_weights` re-derives the weights
 with other options without any forward pass (`reweight_dataset`: the same, IFD selection included, for a
 scored dataset); `weight_report` / `compare_weights` diagnose them. The command
 line is `kinfolk score`.
+
+Its names are imported on first use, so that the options (`config`) load without torch (`kinfolk score --help`).
 """
 
-from kinfolk.trainers.atlantis.config import FORMULAS, NORMALIZATIONS, ROLES, ScoreConfig, WeightConfig
-from kinfolk.trainers.atlantis.diagnostics import compare_weights, format_report, weight_report, write_report
-from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
-from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
-from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, score_model
-from kinfolk.trainers.atlantis.selection import ifd_scores, select_top_fraction
-from kinfolk.trainers.atlantis.weights import compute_weights
+from kinfolk.lazy import lazy_exports
 
-__all__ = [
-    "FORMULAS",
-    "NORMALIZATIONS",
-    "ROLES",
-    "ModelScores",
-    "ScoreConfig",
-    "ScoringError",
-    "WeightConfig",
-    "check_scoring_inputs",
-    "compare_weights",
-    "compute_weights",
-    "format_report",
-    "ifd_scores",
-    "reweight_dataset",
-    "score_dataset",
-    "score_model",
-    "select_top_fraction",
-    "weight_report",
-    "write_report",
-]
+# imported when one of their names is first asked for (`kinfolk.lazy`)
+_EXPORTS = {
+    "kinfolk.trainers.atlantis.config": ("FORMULAS", "NORMALIZATIONS", "ROLES", "ScoreConfig", "WeightConfig"),
+    "kinfolk.trainers.atlantis.diagnostics": ("compare_weights", "format_report", "weight_report", "write_report"),
+    "kinfolk.trainers.atlantis.pipeline": ("reweight_dataset", "score_dataset"),
+    "kinfolk.trainers.atlantis.preflight": ("check_scoring_inputs",),
+    "kinfolk.trainers.atlantis.scoring": ("ModelScores", "ScoringError", "score_model"),
+    "kinfolk.trainers.atlantis.selection": ("ifd_scores", "select_top_fraction"),
+    "kinfolk.trainers.atlantis.weights": ("compute_weights",),
+}
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
