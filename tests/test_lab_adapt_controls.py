@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from lab_helpers import MICRO_ADAPT, run_micro
 
-from kinfolk.lab.experiments.adapt_controls.base_corpus import (
+from kinfolk.lab.experiments.adapt_controls.experiment import AdaptControls
+from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
+from kinfolk.lab.methods.adapt.base_corpus import (
     BASE_CORPUS_OFFSET,
     base_sft_corpus,
     variant_post_training_prompts,
 )
-from kinfolk.lab.experiments.adapt_controls.experiment import AdaptControls
-from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
 from kinfolk.lab.methods.adapt.settings import adapt_family_config
 from kinfolk.lab.protocol.views import SelectionView
 from kinfolk.lab.world import corpus

@@ -134,6 +134,22 @@ def _atlas_floor(data: dict) -> None:  # the drift values behind this ratio are 
     data["endpoints"]["high: atlas vs lora, log drift ratio"]["floor"] = 1e-3
 
 
+CONCORDANCE = "interpolation: accuracy concordance with depth"  # adapt-controls' t-interval ends above 1
+
+
+def _bounded(clipped: bool) -> Callable[[dict], None]:
+    """The concordance stated bounded to [0, 1], its interval clipped to it (as `summarise` writes a bounded
+    statistic) or left as the t-interval."""
+
+    def change(data: dict) -> None:
+        entry = data["endpoints"][CONCORDANCE]
+        entry["range"] = [0.0, 1.0]
+        if clipped:
+            entry["ci95"] = [max(entry["ci95"][0], 0.0), min(entry["ci95"][1], 1.0)]
+
+    return change
+
+
 def _legacy_interval(data: dict) -> None:
     next(e for e in data["endpoints"].values() if e["ci95"])["ci95"][0] -= 0.001
 
@@ -178,6 +194,7 @@ DOCTORED = [
      "grid-edge"),
     ("no absolute values", "atlas.json", _drop("absolute", _first_primary), FIRST_PRIMARY, "absolute"),
     ("a legacy interval moved", "legacy/atlas.json", _legacy_interval, LEGACY_WITH_INTERVAL, "interval"),
+    ("a bounded interval not clipped", "adapt-controls.json", _bounded(clipped=False), CONCORDANCE, "interval"),
 ]  # fmt: skip
 
 
@@ -200,6 +217,12 @@ def test_an_undoctored_copy_passes(tmp_path):
     """The doctored copies fail for their change, not for being copies."""
     for source in ("atlas.json", "real-atlas.json", "legacy/atlas.json"):
         assert check_results(_doctored(tmp_path, source, lambda data: None)).passed
+
+
+def test_a_bounded_statistics_interval_clipped_to_its_range_passes(tmp_path):
+    copy = _doctored(tmp_path, "adapt-controls.json", _bounded(clipped=True))
+    assert json.loads(copy.read_text())["endpoints"][CONCORDANCE]["ci95"][1] == 1.0  # the t-interval's end was 1.068
+    assert check_results(copy).passed
 
 
 def test_a_missing_or_changed_plan_file_breaks_the_plan_hash(tmp_path):

@@ -37,6 +37,7 @@ QUESTIONS: dict[str, str] = {
     "atlas-controls": "ATLAS",
     "adapt": "ADAPT",
     "adapt-controls": "ADAPT",
+    "adapt-frontier": "ADAPT",
     "real-atlas": "ATLAS, real checkpoint",
     "real-boomerang": "ADAPT, real checkpoint",
     "real-boomerang-controls": "ADAPT, real checkpoint",

@@ -86,6 +86,8 @@ def protocol_table(results: dict[str, Any], primary: bool) -> str:
             if entry["ci95"]
             else f"values only ({n} of {len(values)} units defined)"
         )
+        if entry.get("ci95_clipped"):
+            interval += f" (clipped to its range [{entry['range'][0]:g}, {entry['range'][1]:g}])"
         row = [f"**{name}**" if primary else name, entry.get("baseline") or "", _signed(entry["mean"]), interval]
         row.append(f"{entry['favours_method']} of {n}" if entry.get("baseline") else "")
         if primary:

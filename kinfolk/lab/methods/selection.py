@@ -33,14 +33,18 @@ their strict comparison: their committed plot grid left out, in the very same ca
 Every method's run (LoRA's too) is chosen in real-atlas's pilot by the same rule, `choose_run`: least drift at the
 pilot's level (`pilot_level`), the same fraction of the best gain any LoRA run reaches.
 
-**ADAPT** (every plan version: `adapt`, `adapt-controls`). A curve is `{order: [size, ...]}` with each size's depth
+**ADAPT** (every plan version: `adapt`, `adapt-controls`, `adapt-frontier`). A curve is `{order: [size, ...]}` with each size's depth
 (`layers`), `validation` accuracy and `test` numbers (`accuracy`, `kl`); a routing record holds the calibration
 split's accuracy and cost per level and size, the routed candidates' assignments and every fixed size's and
 candidate's test accuracy and cost (`routing_record`).
 
 - patch order (`chosen_orders`): per size k, the order with the higher validation accuracy; ties: back-to-front;
-- routing threshold (`chosen_threshold`): the candidate whose calibration accuracy minus that of the most accurate
-  fixed size at no more calibration cost is largest; ties: the lower calibration cost.
+- routing threshold (`chosen_threshold`, versions 2-3): the candidate whose calibration accuracy minus that of the
+  most accurate fixed size at no more calibration cost is largest; ties: the lower calibration cost;
+- routing threshold against the random-mix frontier (`frontier_threshold`, version 4): the candidate whose calibration
+  accuracy minus the frontier of random mixes of the fixed sizes at its calibration cost (`mix_frontier`) is
+  largest; ties: the lower calibration cost, then the lower threshold. A choice at an end of the grid extends that
+  end by one step, up to a bound, until it is interior; one still at an end is a grid edge.
 
 Size is depth, not k: sizes of equal depth are not ordered against each other, and k = M (the variant itself, KL 0
 by construction) is left out. `depth_concordance` is the share of pairs of sizes of different depth in which the
@@ -72,6 +76,7 @@ import numpy as np
 
 from kinfolk.lab.methods.adapt.settings import ORDERS
 from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.plugins.adapt.hull import HullPoint, upper_hull
 
 LEVEL_DIGITS = 10  # a level is rounded to this many decimals
 LEVEL_TOLERANCE = 1e-9  # a score this far below a level still reaches it (float error; above the rounding's 5e-11)
@@ -208,6 +213,15 @@ def curve_sizes(curve: Mapping[str, Any], read_test=lambda size: size["test"]["m
     }  # fmt: skip
 
 
+def sizes_with_skills(curve: Mapping[str, Any], scored: Sequence[str]) -> dict[str, list[dict]]:
+    """`curve_sizes` plus each size's test accuracy per scored skill (`test.skills`)."""
+    sizes = curve_sizes(curve)
+    for order, measured in curve["orders"].items():
+        for size, raw in zip(sizes[order], measured):
+            size["test"]["skills"] = {skill: raw["test"][skill] for skill in scored}
+    return sizes
+
+
 def chosen_orders(curve: Mapping[str, Any]) -> list[str]:
     """Per size k, the patch order with the higher validation accuracy (ties: back-to-front)."""
     sizes = len(curve[ORDERS[0]])
@@ -268,3 +282,92 @@ def routed_gain(routing: Mapping[str, Any], index: int) -> EndpointValue:
         return EndpointValue(None, routed["accuracy"], None, edge)
     best = max(affordable)
     return EndpointValue(routed["accuracy"] - best, routed["accuracy"], best, edge)
+
+
+# `frontier_threshold`'s rule as a plan states it (a plan's hash covers this text).
+ROUTING_FRONTIER_RULE = (
+    "per threshold of the calibration grid, the routed assignment whose calibration accuracy minus the random-mix "
+    "frontier of the fixed sizes' calibration points at its calibration cost is largest; ties: lower calibration "
+    "cost, then lower threshold; a choice at an end of the grid extends that end by one grid step, within the "
+    "extension bound, until the choice is interior (one still at an end is flagged as a grid edge)"
+)
+THRESHOLD_TOLERANCE = 1e-9  # thresholds are rounded grid values: equal within this
+
+
+def mix_frontier(points: Iterable[tuple[float, float]], cost: float) -> float | None:
+    """The best accuracy random mixes of the fixed sizes (`points`: their (cost, accuracy)) reach at an expected
+    cost of at most `cost`: the upper concave hull of the points (`kinfolk.plugins.adapt.hull`, the one `kinfolk
+    route` reports) held flat right of its most accurate vertex; None below the cheapest size's cost, which no mix
+    reaches. Wherever the hull rises (everywhere, when dearer sizes are more accurate) it is the hull itself.
+
+    >>> sizes = [(1.0, 0.2), (2.0, 0.5), (3.0, 0.6), (4.0, 0.8), (5.0, 0.7)]  # (3, 0.6) lies under the hull
+    >>> [round(mix_frontier(sizes, c), 3) for c in (1.0, 2.5, 3.0, 4.5, 6.0)], mix_frontier(sizes, 0.5)
+    ([0.2, 0.575, 0.65, 0.8, 0.8], None)
+    """
+    hull = upper_hull(HullPoint(float(c), float(a)) for c, a in points)
+    peak = max(hull.vertices, key=lambda vertex: vertex.accuracy)  # the cheapest of equally accurate vertices
+    return hull.at(min(cost, peak.cost))
+
+
+def threshold_grid(step: float, extension: int, ends: tuple[float, float] = (0.0, 1.0)) -> list[float]:
+    """The thresholds a run routes at: the grid from `ends[0]` to `ends[1]` by `step` and `extension` steps beyond
+    each end (the bound of `frontier_threshold`'s extension).
+
+    >>> threshold_grid(0.25, 1)
+    [-0.25, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    """
+    count = round((ends[1] - ends[0]) / step)
+    return [round(ends[0] + i * step, 10) for i in range(-extension, count + extension + 1)]
+
+
+def _calibration_table(routing: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(accuracy, cost: levels x models; share: per level) of the routing record's calibration split."""
+    calibration = routing["calibration"]
+    accuracy, cost = (np.asarray([list(row) for row in calibration[key]]) for key in ("accuracy", "cost"))
+    return accuracy, cost, np.asarray(list(calibration["share"]))
+
+
+def frontier_threshold(
+    routing: Mapping[str, Any], step: float, extension: int, ends: tuple[float, float] = (0.0, 1.0)
+) -> dict[str, Any]:
+    """The routed candidate chosen on the calibration split (`ROUTING_FRONTIER_RULE`): its `index`, the `grid`
+    [low, high] it was chosen on (the initial `ends`, extended one `step` at a time while the choice lay at an end,
+    at most `extension` steps) and whether it is still at an end (`edge`). The record's candidates must have been
+    routed at `threshold_grid(step, extension, ends)`."""
+    accuracy, cost, share = _calibration_table(routing)
+    models, levels = list(routing["models"]), [str(level) for level in routing["levels"]]
+    fixed = [(float(share @ cost[:, j]), float(share @ accuracy[:, j])) for j in range(len(models))]
+    candidates = routing["candidates"]
+
+    def score(index: int) -> tuple[float, float]:
+        assignment = candidates[index]["assignment"]
+        picks = [models.index(assignment[level]) for level in levels]
+        routed_cost = float(sum(s * cost[i, j] for i, (s, j) in enumerate(zip(share, picks))))
+        routed_accuracy = float(sum(s * accuracy[i, j] for i, (s, j) in enumerate(zip(share, picks))))
+        frontier = mix_frontier(fixed, routed_cost)
+        return (-np.inf if frontier is None else routed_accuracy - frontier), -routed_cost
+
+    scores = [score(index) for index in range(len(candidates))]
+    low, high = ends
+    bound = (ends[0] - extension * step - THRESHOLD_TOLERANCE, ends[1] + extension * step + THRESHOLD_TOLERANCE)
+    while True:
+        within = [i for i, c in enumerate(candidates)
+                  if any(low - THRESHOLD_TOLERANCE <= t <= high + THRESHOLD_TOLERANCE for t in c["thresholds"])]  # fmt: skip
+        chosen = max(within, key=scores.__getitem__)  # candidates are listed by threshold: ties go to the lower
+        at = [
+            any(abs(t - end) <= THRESHOLD_TOLERANCE for t in candidates[chosen]["thresholds"]) for end in (low, high)
+        ]
+        extend_low, extend_high = at[0] and low - step >= bound[0], at[1] and high + step <= bound[1]
+        if not (extend_low or extend_high):
+            return {"index": chosen, "grid": [low, high], "edge": at[0] or at[1]}
+        low, high = round(low - step * extend_low, 10), round(high + step * extend_high, 10)
+
+
+def routed_over_frontier(routing: Mapping[str, Any], chosen: Mapping[str, Any]) -> EndpointValue:
+    """Test accuracy of the chosen candidate (`frontier_threshold`) minus the random-mix frontier of the fixed sizes'
+    test points at its test cost (None below the cheapest size's cost), flagged when the choice is a grid edge."""
+    test = routing["test"]
+    routed = test["routed"][chosen["index"]]
+    frontier = mix_frontier([(f["cost"], f["accuracy"]) for f in test["fixed"].values()], routed["cost"])
+    value = None if frontier is None else routed["accuracy"] - frontier
+    return EndpointValue(value, routed["accuracy"], frontier, chosen["edge"])

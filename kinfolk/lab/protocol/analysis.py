@@ -5,7 +5,9 @@ U − 1 degrees of freedom, a two-stage cluster bootstrap (units, then runs insi
 plain bootstrap over units, and the results say so), the number of units favouring the method, and for primaries a
 two-sided one-sample t-test against the endpoint's null with Holm's correction across the experiment's primaries.
 An endpoint undefined in some unit has no interval and no test (an interval over the units that happened to define
-it would be conditional on that); Holm then runs over the primaries that have a test.
+it would be conditional on that); Holm then runs over the primaries that have a test. A bounded statistic (a
+concordance lies in [0, 1]) has its t-interval clipped to its `range`, and says so: `ci95_clipped` (whether an end
+moved) and `ci95_unclipped` (the t-interval itself).
 
 >>> from kinfolk.lab.protocol.plan import PrimaryEndpoint
 >>> from kinfolk.lab.protocol.records import EndpointValue
@@ -46,8 +48,16 @@ def summarise(
     runs_per_unit: Sequence[Sequence[EndpointValue]],
     primary: bool,
     floor: float | None = None,
+    value_range: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """One endpoint's entry of the results JSON from its run values in each unit (same order as the units)."""
+    """One endpoint's entry of the results JSON from its run values in each unit (same order as the units);
+    `value_range` bounds a statistic whose t-interval could leave it (clipped, and flagged).
+
+    >>> concordance = PrimaryEndpoint("c", "concordance", "no trend", "higher", null=0.5)
+    >>> entry = summarise(concordance, [[EndpointValue(v)] for v in (1.0, 1.0, 0.75, 1.0, 0.9)], True, None, (0, 1))
+    >>> entry["ci95"], entry["ci95_clipped"], entry["ci95_unclipped"]
+    ([0.793983, 1.0], True, [0.793983, 1.066017])
+    """
     per_unit = [_rounded(_unit_mean([v.value for v in runs])) for runs in runs_per_unit]
     defined = [v for v in per_unit if v is not None]
     favours = sum((v > endpoint.null) if endpoint.direction == "higher" else (v < endpoint.null) for v in defined)
@@ -79,6 +89,12 @@ def summarise(
         runs = [[v.value for v in unit] for unit in runs_per_unit]
         cluster = cluster_bootstrap_interval(runs)
         entry["cluster_bootstrap95"] = [_rounded(cluster.low), _rounded(cluster.high)]
+    if value_range is not None:
+        entry["range"] = [float(end) for end in value_range]
+        entry["ci95_unclipped"] = entry["ci95"]
+        if entry["ci95"] is not None:
+            entry["ci95"] = [float(min(max(end, value_range[0]), value_range[1])) for end in entry["ci95"]]
+        entry["ci95_clipped"] = entry["ci95"] != entry["ci95_unclipped"]
     if primary:
         entry["p"] = one_sample_t_p(defined, endpoint.null) if complete else None
     return entry

@@ -48,8 +48,8 @@ RULES: dict[str, str] = {
     "unit-values": "each unit's value is the mean of its runs' values (undefined if a run's is)",
     "mean": "the mean is the mean of the defined per-unit values",
     "favours": "favours_method counts the units on the method's side of the null; undefined_units the others",
-    "interval": f"ci95 is the t-interval over the per-unit values (U - 1 df); none from fewer than "
-    f"{MIN_INTERVAL_UNITS} defined units",
+    "interval": f"ci95 is the t-interval over the per-unit values (U - 1 df), clipped to the statistic's range "
+    f"where the entry states one; none from fewer than {MIN_INTERVAL_UNITS} defined units",
     "p-value": "a primary's p is the two-sided one-sample t-test of its per-unit values against its null",
     "holm": f"p_holm is Holm's correction across the tested primaries; survives_holm is p_holm < {HOLM_LEVEL}",
     "primaries": f"1 to {MAX_PRIMARIES} primary endpoints",
@@ -306,6 +306,9 @@ class _Checker:
             self.add("interval", f"ci_method {entry.get('ci_method')!r}: the primary interval is a t-interval", name)
         interval = t_interval(defined)
         expected = [_rounded(interval.low), _rounded(interval.high)]
+        if entry.get("range") is not None:  # a bounded statistic's interval is clipped to its range
+            low, high = entry["range"]
+            expected = [min(max(end, low), high) for end in expected]
         if not (isinstance(ci95, list) and len(ci95) == 2 and all(map(_close, ci95, expected))):
             self.add("interval", f"ci95 {ci95!r}, the t-interval over {self.layout.per_unit} ({len(defined) - 1} df) "
                      f"is {expected}", name)  # fmt: skip

@@ -103,6 +103,11 @@ class Experiment(ABC):
         """The measured floor under a ratio endpoint (None: not a ratio, or not measured; the results say which)."""
         return None
 
+    def value_range(self, endpoint: str) -> tuple[float, float] | None:
+        """The range a bounded statistic lies in (a concordance: 0 to 1); its t-interval is clipped to it and the
+        results say so (`analysis.summarise`). None: unbounded."""
+        return None
+
     def provenance(self) -> dict[str, Any]:
         """Extra top-level keys of the results (the commit of the analysed runs, notes)."""
         return {}

@@ -88,7 +88,8 @@ def results(
     for primary, declared in ((True, experiment.primaries()), (False, experiment.exploratory())):
         for endpoint in declared:
             runs = [[r.values[endpoint.name] for r in unit] for unit in records]
-            endpoints[endpoint.name] = summarise(endpoint, runs, primary, experiment.floor(endpoint.name))
+            endpoints[endpoint.name] = summarise(endpoint, runs, primary, experiment.floor(endpoint.name),
+                                                 experiment.value_range(endpoint.name))  # fmt: skip
     correct(endpoints)
     return {
         "experiment": plan.experiment,

@@ -4,9 +4,9 @@ sizes interpolate when the student has something left to learn?
 Version 1 distilled the base student's SFT phase on large_instruct's own post-training rows (close to circular for
 that variant) and scored copy and reversal, where the 5-layer student matched its teacher from 100 steps on. This
 version (settings: `settings`; runs: `runs`) gives the base student a corpus disjoint from every variant's
-post-training prompts (`base_corpus`), distils a 3-layer student for 150 steps (where the pilot's student still
-trailed its teacher on reversal and graded reversal of 2-6 letters, the skills scored), runs two distillation seeds
-per family and keeps version 1's corpus as an exploratory arm (weight-delta-circular).
+post-training prompts (`kinfolk.lab.methods.adapt.base_corpus`), distils a 3-layer student for 150 steps (where the
+pilot's student still trailed its teacher on reversal and graded reversal of 2-6 letters, the skills scored), runs
+two distillation seeds per family and keeps version 1's corpus as an exploratory arm (weight-delta-circular).
 
 Choices, on validation only (`kinfolk.lab.methods.selection`): each size's patch order (higher validation accuracy;
 ties back-to-front); the routing threshold on the calibration split. Size is depth; k = M (the variant) is left out

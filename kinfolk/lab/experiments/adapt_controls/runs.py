@@ -1,7 +1,7 @@
 """One family's adapt-controls runs: per distillation seed (a run), every method's sizes measured and routed.
 
 A run distils each variant's own student, the base's student with its SFT phase on the disjoint corpus
-(`base_corpus`) and, for the circular arm, the base's student on version 1's corpus (large_instruct's own
+(`kinfolk.lab.methods.adapt.base_corpus`) and, for the circular arm, the base's student on version 1's corpus (large_instruct's own
 post-training rows); patches every size of every method back in both orders (`kinfolk.lab.methods.adapt.AdaptFamily`,
 models kept under `settings.work/<family>/run<r>/`), measures them and routes graded reversal over the routing
 variant's distilled and weight-delta sizes. A process claims the whole run while it makes it
@@ -16,24 +16,15 @@ from typing import Any
 
 from kinfolk import console
 from kinfolk.atomic import write_json
-from kinfolk.lab.experiments.adapt_controls.base_corpus import VARIANTS, base_sft_corpus, variant_post_training_prompts
 from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
+from kinfolk.lab.methods.adapt.base_corpus import VARIANTS, base_sft_corpus, variant_post_training_prompts
 from kinfolk.lab.methods.adapt.settings import BASE, ROUTED, format_of
-from kinfolk.lab.methods.selection import curve_sizes, routing_record
+from kinfolk.lab.methods.selection import routing_record, sizes_with_skills
 from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import record_key
 from kinfolk.lab.protocol.records import kept_path, kept_record
 
 RECORD_VERSION = 1
-
-
-def sizes_with_skills(curve: dict[str, Any], scored: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """`curve_sizes` plus each size's test accuracy per scored skill (`test.skills`)."""
-    sizes = curve_sizes(curve)
-    for order, measured in curve["orders"].items():
-        for size, raw in zip(sizes[order], measured):
-            size["test"]["skills"] = {skill: raw["test"][skill] for skill in scored}
-    return sizes
 
 
 class AdaptControlsRuns:

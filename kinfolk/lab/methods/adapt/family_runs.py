@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,13 @@ from kinfolk.atomic import atomic_file, fingerprint
 from kinfolk.lab.methods.adapt.agreement import teacher_agreement
 from kinfolk.lab.methods.adapt.settings import (
     BASE,
+    LOSS_WEIGHTS,
     MEASURING_SETTINGS,
     METHODS,
     PHASES,
     ROUTED,
     ROUTING_POLICIES,
+    ROUTING_THRESHOLDS,
     SCORED,
     TRAINING_SETTINGS,
     AdaptSettings,
@@ -93,17 +95,13 @@ class AdaptFamily:
             return text, self.base_sft(rows * sft_steps)
         return text, self.family.instruct_data(rows * sft_steps, format_of(teacher))
 
-    def distilled(self, teacher: str, phases: str, steps: int) -> Path:
-        """`kinfolk distil` of `teacher`'s student (`phases`, `steps`): its directory (init-student, distilled, delta)."""
-        from kinfolk.plugins.adapt.distillation import distil_student
+    def distillation_config(self, out: Path, steps: int, loss: str = "distilled"):
+        """The `LayerDistillationConfig` of a distillation into `out`: `loss` is "distilled" (ADAPT's loss: CE, KL
+        and block cosine at the trainer's defaults) or "ce-only" (the same run with the two distillation terms'
+        weights at 0, `LOSS_WEIGHTS`)."""
         from kinfolk.trainers import LayerDistillationConfig
 
-        out = self.work / "distil" / f"{teacher}-{phases}-{steps}"
-        if (out / "delta" / "adapt_delta.json").exists():  # written last
-            return out
-        self._say(f"distilling {teacher}'s student ({phases}, {steps} steps)")
-        text, sft = self.training_data(teacher, phases, steps)
-        config = LayerDistillationConfig(
+        return LayerDistillationConfig(
             output_dir=str(out / "training"),
             use_cpu=True,
             bf16=False,
@@ -120,7 +118,21 @@ class AdaptFamily:
             logging_steps=max(1, steps // 10),
             disable_tqdm=True,
             gradient_checkpointing=False,
+            **LOSS_WEIGHTS[loss],
         )
+
+    def distilled(self, teacher: str, phases: str, steps: int, loss: str = "distilled") -> Path:
+        """`kinfolk distil` of `teacher`'s student (`phases`, `steps`, `loss`): its directory (init-student,
+        distilled, delta). A "ce-only" student is trained on the same rows, in the same order, with the same
+        schedule."""
+        from kinfolk.plugins.adapt.distillation import distil_student
+
+        out = self.work / "distil" / f"{teacher}-{phases}-{steps}{'' if loss == 'distilled' else f'-{loss}'}"
+        if (out / "delta" / "adapt_delta.json").exists():  # written last
+            return out
+        self._say(f"distilling {teacher}'s student ({phases}, {steps} steps, {loss})")
+        text, sft = self.training_data(teacher, phases, steps)
+        config = self.distillation_config(out, steps, loss)
         distil_student(self.teacher_dir(teacher), out, self.settings.layers, config, pretraining=text, sft=sft)
         return out
 
@@ -141,8 +153,8 @@ class AdaptFamily:
         """The student a method patches the variant's blocks into."""
         from kinfolk.plugins.adapt import ApplyDeltaConfig, merge
 
-        if method == "distilled":
-            return self.distilled(variant, "two-phase", steps) / "distilled"
+        if method in LOSS_WEIGHTS:  # the variant's own student: "distilled" (ADAPT (distilled)) or "ce-only"
+            return self.distilled(variant, "two-phase", steps, loss=method) / "distilled"
         if method == "cross-patch":
             return self.distilled(BASE, "two-phase", steps) / "distilled"
         phases = {"weight-delta": "two-phase", "pretraining-delta": "pretraining", "sft-delta": "sft"}[method]
@@ -283,9 +295,10 @@ class AdaptFamily:
             for variant in self.settings.variants
         }
 
-    def routing(self) -> dict[str, Any]:
-        """`kinfolk route` over each routed family of the routing variant: the order with the better mean validation
-        accuracy over sizes, every size answering graded reversals of the validation (calibration) and test splits."""
+    def routing(self, thresholds: Sequence[float] = ROUTING_THRESHOLDS) -> dict[str, Any]:
+        """`kinfolk route` over each routed family of the routing variant at `thresholds`: the order with the better
+        mean validation accuracy over sizes, every size answering graded reversals of the validation (calibration)
+        and test splits."""
         from kinfolk.plugins.adapt.outcomes import route_outcomes
 
         variant, steps = self.settings.routing_variant, self.settings.steps
@@ -309,7 +322,7 @@ class AdaptFamily:
             with atomic_file(outcomes_file) as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in rows)
             routed = route_outcomes(str(outcomes_file), routing_dir, overwrite=True, models_dir=str(directory),
-                                    thresholds=[round(t, 2) for t in np.linspace(0, 1, 51)],
+                                    thresholds=list(thresholds),
                                     policies=list(ROUTING_POLICIES))  # fmt: skip
             result[method] = {"order": order, "out": str(routing_dir), **routed}
         return result

@@ -28,6 +28,9 @@ ROUTED = ("distilled", "weight-delta")
 TRAINING_SETTINGS = ("layers", "learning_rate", "pretraining_fraction", "batch_size")
 MEASURING_SETTINGS = ("eval_problems", "validation_problems", "kl_examples")
 ROUTING_POLICIES = ("average", "minimum")
+ROUTING_THRESHOLDS = tuple(round(t, 2) for t in np.linspace(0, 1, 51))  # versions 1-3's calibration grid
+# The variant's own student: ADAPT's loss (the trainer's default weights), or the same run with cross-entropy alone.
+LOSS_WEIGHTS = {"distilled": {}, "ce-only": {"kl_weight": 0.0, "cosine_weight": 0.0}}
 ADAPT_LARGE_SHAPE = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 512}
 ADAPT_SKILL_SHARES = {RETAINED: 0.35, TARGET: 0.3, HELD_OUT: 0.15, GRADED: 0.2}
 ADAPT_POST_TRAINED = [RETAINED, TARGET, GRADED]
