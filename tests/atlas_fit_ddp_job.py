@@ -15,6 +15,7 @@ import torch
 from peft import get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM
+from two_processes import gloo_group
 
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.testing import build_tokenizer, text_dataset
@@ -109,11 +110,8 @@ def inputs_of(name: str, model_dir: str, seed: int = 0) -> torch.Tensor:
 
 if __name__ == "__main__":
     model_dir, out_dir = sys.argv[1:3]
-    torch.distributed.init_process_group("gloo")
-    rank = torch.distributed.get_rank()
-    results = {"world_size": torch.distributed.get_world_size()}
-    results.update({name: fit_case(name, model_dir) for name in CASES})
-    results["lm_regions_own_share"] = fit_case("lm_regions", model_dir, own_share=True)
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    with gloo_group() as (rank, world_size):
+        results = {"world_size": world_size}
+        results.update({name: fit_case(name, model_dir) for name in CASES})
+        results["lm_regions_own_share"] = fit_case("lm_regions", model_dir, own_share=True)
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")

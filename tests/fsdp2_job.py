@@ -24,6 +24,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
+from two_processes import gloo_group
 
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.layout import decoder_layers
@@ -159,13 +160,11 @@ def run_sharded(run_parts) -> None:
     results saved by rank 0 to OUT.pt (argv: FIRST SECOND OUT.pt), then the group torn down."""
     torch.set_num_threads(1)
     first, second, out = sys.argv[1:4]
-    torch.distributed.init_process_group("gloo")
-    results = run_parts(first, second, os.path.dirname(out), sharded=True)
-    results["world_size"] = _world()[1]
-    if _world()[0] == 0:
-        torch.save(results, out)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    with gloo_group() as (rank, world_size):
+        results = run_parts(first, second, os.path.dirname(out), sharded=True)
+        results["world_size"] = world_size
+        if rank == 0:
+            torch.save(results, out)
 
 
 if __name__ == "__main__":

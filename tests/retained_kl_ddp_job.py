@@ -13,9 +13,9 @@ from pathlib import Path
 
 from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
+from two_processes import train_in_turn
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
-from kinfolk.process_group import end_training
 from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
 
 RETAINED_ROWS = 5  # with batches of 2: three batches, so one rank measures a weight-0 repeat
@@ -56,18 +56,5 @@ def train(cache: str, run_dir: str) -> SFTTrainer:
 
 
 if __name__ == "__main__":
-    import gc
-
-    import torch.distributed as dist
-
     run_dir, *caches = sys.argv[1:]
-    for index, cache in enumerate(caches):
-        trainer = train(cache, f"{run_dir}/{cache}")
-        if index == len(caches) - 1:
-            end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
-        else:  # the next run reuses the group: drop this one's DDP reducer while the group is alive
-            trainer.accelerator.free_memory()
-            trainer.model_wrapped = trainer.model
-            del trainer
-            gc.collect()
-            dist.barrier()
+    train_in_turn(caches, lambda cache: train(cache, f"{run_dir}/{cache}"))

@@ -1,14 +1,13 @@
 """`kinfolk score`: output layout, atomic writes, re-weighting without models, and 1 vs 2 processes."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset, load_from_disk
+from two_processes import accelerate_flags, run
 
 import kinfolk.trainers.atlantis.diagnostics
 from kinfolk.commands import main
@@ -127,14 +126,9 @@ def test_two_processes_give_the_same_columns_as_one(setup, tmp_path):
     assert main(["score", *common, "--out", str(one), "--cache_dir", str(tmp_path / "cache-1")]) == 0
     two = tmp_path / "two"
     # on a CPU-only host accelerate's `--cpu` launches a single process; `--multi_gpu` starts two, joined by gloo
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", *accelerate_flags()]
     launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "kinfolk"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [*launcher, "score", *common, "--out", str(two), "--cache_dir", str(tmp_path / "cache-2")],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    run([*launcher, "score", *common, "--out", str(two), "--cache_dir", str(tmp_path / "cache-2")])
     single, double = load_from_disk(str(one)), load_from_disk(str(two))
     assert single.column_names == double.column_names
     for column in single.column_names:

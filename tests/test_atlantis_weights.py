@@ -20,6 +20,7 @@ from kinfolk.trainers.atlantis import (
     write_report,
 )
 from kinfolk.trainers.atlantis.pareto import fit_generalized_pareto, pareto_smooth, tail_size
+from kinfolk.trainers.atlantis.weights import column_array
 
 RNG = np.random.default_rng(7)
 N = 50
@@ -263,3 +264,18 @@ def test_top_fraction_selection_drops_ifd_at_least_one_first():
     assert select_top_fraction(ifd, 0.25).tolist() == [2, 5]  # ceil(2) highest below 1
     assert select_top_fraction(ifd, 0.25, drop_at_least_one=False).tolist() == [1, 6]
     assert select_top_fraction(ifd, 1.0).tolist() == [0, 2, 4, 5, 7]  # never more than the eligible rows
+
+
+def test_columns_are_read_whole_in_the_rows_selected_order():
+    """The formulas read each score column as stored (float64 to the bit, NaN kept), in the order of the rows a
+    `select` or `shuffle` left, as the rows themselves give them one by one."""
+    values = [float(v) for v in A[:8]]
+    values[2] = math.nan  # an unscored row
+    data = Dataset.from_dict(
+        {"large_base_logprob": values, "large_base_tokens": [int(t) for t in TOKENS["large_base"][:8]]}
+    )
+    picked = data.select([5, 2, 7, 0]).shuffle(seed=3)
+    for name in picked.column_names:
+        read = column_array(picked, name)
+        expected = np.array([row[name] for row in picked])
+        assert read.dtype == expected.dtype and read.tobytes() == expected.tobytes(), name

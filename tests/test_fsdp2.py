@@ -1,14 +1,12 @@
 """FSDP2 on CPU: an ATLAS adapter, the weighted SFT loss and the retained-KL measurement give, sharded over two
 processes with `fully_shard` (gloo), the loss and gradients of one process. See tests/fsdp2_job.py."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from two_processes import assert_same_gradients
+from two_processes import assert_same_gradients, torchrun
 
 JOB = Path(__file__).with_name("fsdp2_job.py")
 pytestmark = pytest.mark.xdist_group("two-processes")  # one 2-process job at a time
@@ -18,12 +16,8 @@ pytestmark = pytest.mark.xdist_group("two-processes")  # one 2-process job at a 
 def sharded_and_single(atlas_adapter, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp2")
     base_dir, adapter_dir = atlas_adapter["base"], atlas_adapter["adapter"]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(JOB.parent)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += [str(JOB), str(base_dir), str(adapter_dir), str(root / "sharded" / "out.pt")]
     (root / "sharded").mkdir()
-    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr[-4000:]
+    torchrun(JOB, str(base_dir), str(adapter_dir), str(root / "sharded" / "out.pt"))
     sys.path.insert(0, str(JOB.parent))
     from fsdp2_job import run
 

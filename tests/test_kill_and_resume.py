@@ -21,6 +21,7 @@ import torch
 from datasets import Dataset
 from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 from kill_jobs import JOBS as JOB_FUNCTIONS
+from two_processes import accelerate_flags
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
@@ -164,7 +165,7 @@ def test_killed_checkpointing_leaves_whole_checkpoints_and_resumes_bit_exact(sft
 
 @pytest.mark.slow
 def test_two_processes_publish_one_whole_checkpoint_with_both_rng_states(tmp_path):
-    launcher = (sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2")
+    launcher = (sys.executable, "-m", "accelerate.commands.launch", *accelerate_flags())
     arguments = {"run_dir": str(tmp_path / "run"), "steps": 2, "out": str(tmp_path / "final.pt")}
     run_job(tmp_path, "sft", arguments, launcher=launcher)
     run = tmp_path / "run"

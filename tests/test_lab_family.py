@@ -32,11 +32,29 @@ def test_second_build_hits_the_cache(micro_family, monkeypatch):
     assert load_family(micro_family.root).config == micro_family.config
 
 
-def test_build_is_deterministic_per_seed(micro_family, tmp_path):
-    rebuilt = build_family(LabConfig(**MICRO), cache_dir=tmp_path, progress=False)
+def test_build_is_deterministic_per_seed_whether_or_not_its_trainers_share_prepared_rows(
+    micro_family, tmp_path, monkeypatch
+):
+    """The session's micro family is built with its trainers sharing prepared rows (the two bases pretrain on the
+    same rows); a rebuild whose trainers each prepare their own rows gives the same bits. Whether sharing happens is
+    `test_trainers_share_prepared_rows_only_where_the_preparation_reads_the_same`'s."""
+    from kinfolk.lab.world import members
+
+    offered, real_lab_trainer = [], members.lab_trainer
+
+    def preparing_its_own(model, dataset, tokenizer, output_dir, *args, prepared, **options):
+        offered.append((prepared, dataset))
+        return real_lab_trainer(model, dataset, tokenizer, output_dir, *args, **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(members, "lab_trainer", preparing_its_own)
+        rebuilt = build_family(LabConfig(**MICRO), cache_dir=tmp_path, progress=False)
+    # one dict offered to every trainer of the build, and the bases' rows are one dataset
+    assert len(offered) == len(MODELS) and all(prepared is offered[0][0] for prepared, _ in offered)
+    assert offered[0][1] is offered[1][1]
     other_seed = build_family(LabConfig(**(MICRO | {"seed": 1})), cache_dir=tmp_path, progress=False)
     assert rebuilt.root.name == micro_family.root.name != other_seed.root.name
-    for name in ("large_base", "small_instruct"):
+    for name in MODELS:
         first = load_file(micro_family.models[name] / "model.safetensors")
         second = load_file(rebuilt.models[name] / "model.safetensors")
         third = load_file(other_seed.models[name] / "model.safetensors")
@@ -148,3 +166,23 @@ def test_models_whose_key_is_unchanged_are_copied_from_another_family(micro_fami
         old, new = (load_file(f.models[name] / "model.safetensors") for f in (micro_family, family))
         assert all((old[key] == new[key]).all() for key in old), name
     assert family.steps["small_instruct"] == 3 and family.steps["large_base"] == micro_family.steps["large_base"]
+
+
+def test_trainers_share_prepared_rows_only_where_the_preparation_reads_the_same(micro_family, tmp_path):
+    from kinfolk.lab.world.training import lab_trainer
+
+    tokenizer, rows = micro_family.tokenizer(), micro_family.pretraining(24)
+
+    def trainer(prepared, **options):
+        options = {"steps": 3, "learning_rate": 1e-3} | options
+        base = micro_family.models["small_base"]
+        return lab_trainer(base, rows, tokenizer, tmp_path, progress=False, prepared=prepared, **options)
+
+    prepared = {}
+    first = trainer(prepared)
+    same = trainer(prepared, steps=5, learning_rate=2e-3)  # another schedule: the same preparation
+    other = trainer(prepared, prompt_loss_weight=0.5)  # other token weights
+    assert same.train_dataset is first.train_dataset and other.train_dataset is not first.train_dataset
+    assert len(prepared) == 2
+    for shared, options in ((first, {}), (other, {"prompt_loss_weight": 0.5})):
+        assert shared.train_dataset.to_dict() == trainer(None, **options).train_dataset.to_dict()

@@ -1,13 +1,12 @@
 """RetainedKLCallback under two CPU processes: the shards, padded to equal length, pool into the one-process KL."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from peft import PeftModel
 from retained_kl_helpers import reference_retained_kl
+from two_processes import accelerate
 
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy
@@ -24,9 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]  # one
 def run_dirs(tmp_path_factory):
     """One launch trains once per cache (each launch starts two interpreters with the whole stack)."""
     root = tmp_path_factory.mktemp("retained-kl-ddp")
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, str(root), *CACHES], check=True, env=environment, timeout=600)
+    accelerate(DDP_JOB, str(root), *CACHES)
     return {cache: root / cache for cache in CACHES}
 
 

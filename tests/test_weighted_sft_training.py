@@ -1,7 +1,5 @@
 """WeightedSFTTrainer inside the training loop: gradient accumulation, DDP, resume, packing, eval and logged metrics."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from sft_helpers import (
     weighted_data,
     weighted_trainer,
 )
+from two_processes import accelerate
 
 from kinfolk.testing import build_model, conversational_dataset
 from kinfolk.tokens import IGNORE_INDEX
@@ -224,9 +223,7 @@ def launched(tmp_path_factory):
     `--multi_gpu` on a machine without GPUs starts two torchrun workers that use gloo on the CPU.
     """
     root = tmp_path_factory.mktemp("weighted-sft-ddp")
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", str(DDP_JOB)]
-    subprocess.run([*command, str(root), *DDP_MODES], check=True, env=environment, timeout=600)
+    accelerate(DDP_JOB, str(root), *DDP_MODES)
     return {mode: torch.load(root / f"{mode}.pt") for mode in DDP_MODES}
 
 

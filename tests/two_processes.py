@@ -4,18 +4,28 @@
 Both use a free port (`--standalone`, or accelerate's `--main_process_port 0`), one thread per process, no visible
 GPU, and a generous timeout: the 2-process tests run beside other tests on two shared cores. `assert_same_gradients`
 compares what the ranks computed with one process's gradients.
+
+Inside a job, the group's set-up and release: `gloo_group()` for a raw `torch.distributed` job, `train_in_turn` for
+a job that runs several trainings under one `accelerate launch`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
+from kinfolk.process_group import end_process_group, end_training
+
 TIMEOUT = 900
+Run = TypeVar("Run")
 
 
 def environment(*paths: Path) -> dict[str, str]:
@@ -49,3 +59,30 @@ def assert_same_gradients(sharded: dict, single: dict) -> None:
     assert sharded.keys() == single.keys() and single
     for name, grad in single.items():
         torch.testing.assert_close(sharded[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@contextlib.contextmanager
+def gloo_group() -> Iterator[tuple[int, int]]:
+    """A raw `torch.distributed` job's process group, from torchrun's environment: (rank, world size) inside the
+    block; once the block succeeds, every rank waits for the others and the group is destroyed before the
+    interpreter exits (`kinfolk.process_group.end_process_group`)."""
+    torch.distributed.init_process_group("gloo")
+    yield torch.distributed.get_rank(), torch.distributed.get_world_size()
+    end_process_group()
+
+
+def train_in_turn(runs: Sequence[Run], train: Callable[[Run], object]) -> None:
+    """`train(run)` (a finished `Trainer`) for each run in turn under one launch (a launch costs two interpreters with
+    the whole stack), every run on the launcher's process group.
+
+    Between runs each rank drops the finished trainer's DDP reducer while the group is alive, then waits for the
+    other; after the last run, `end_training` tears gloo down on every rank before the interpreter would (exiting
+    with the group alive can abort a rank at shutdown)."""
+    for run in runs[:-1]:
+        trainer = train(run)
+        trainer.accelerator.free_memory()
+        trainer.model_wrapped = trainer.model
+        del trainer
+        gc.collect()
+        torch.distributed.barrier()
+    end_training(train(runs[-1]))

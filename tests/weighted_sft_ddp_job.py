@@ -9,13 +9,16 @@ MODE `weights`: full fine-tuning with example weights; `output_kl`: LoRA with th
 
 from __future__ import annotations
 
+import os
 import sys
+from functools import partial
 
+import torch
 from peft import LoraConfig
 from sft_helpers import parameters, weighted_data, weighted_trainer
+from two_processes import train_in_turn
 
-from kinfolk.process_group import end_training
-from kinfolk.testing import text_dataset
+from kinfolk.testing import build_tokenizer, text_dataset
 
 WEIGHTS = [0.3, 1.7, 0.0, 2.5, 0.8, 1.1, 4.0, 0.6]
 OPTIONS = {
@@ -51,33 +54,19 @@ def train_once(tokenizer, output_dir, mode: str, processes: int):
     return trainer
 
 
+def train_and_save(run_dir: str, mode: str):
+    """`mode` trained under the launcher's processes; the main process saves its summary to RUN_DIR/MODE.pt."""
+    # The launcher's WORLD_SIZE: the trainer's own distributed state exists only once the trainer does.
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    trainer = train_once(build_tokenizer(), f"{run_dir}/{mode}", mode, processes=processes)
+    state = trainer.accelerator.state
+    if state.is_main_process:
+        summary = {"num_processes": state.num_processes, "backend": state.backend}
+        summary.update({key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")})
+        torch.save({**summary, "parameters": parameters(trainer.model)}, f"{run_dir}/{mode}.pt")
+    return trainer
+
+
 if __name__ == "__main__":
-    import gc
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    from kinfolk.testing import build_tokenizer
-
     run_dir, *modes = sys.argv[1:]
-    for index, mode in enumerate(modes):
-        # The launcher's WORLD_SIZE: the trainer's own distributed state exists only once the trainer does.
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        trainer = train_once(build_tokenizer(), f"{run_dir}/{mode}", mode, processes=processes)
-        state = trainer.accelerator.state
-        if state.is_main_process:
-            summary = {"num_processes": state.num_processes, "backend": state.backend}
-            summary.update(
-                {key: trainer.state.log_history[0][key] for key in ("num_tokens", "loss", "unweighted_loss")}
-            )
-            torch.save({**summary, "parameters": parameters(trainer.model)}, f"{run_dir}/{mode}.pt")
-        if index == len(modes) - 1:
-            # Tear gloo down before the interpreter does: exiting with the group alive can abort a rank at shutdown.
-            end_training(trainer)  # every rank waits, then gloo is torn down (kinfolk.process_group)
-        else:  # the next mode reuses the group: drop this run's DDP reducer while the group is alive
-            trainer.accelerator.free_memory()
-            trainer.model_wrapped = trainer.model
-            del trainer
-            gc.collect()
-            dist.barrier()
+    train_in_turn(modes, partial(train_and_save, run_dir))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from weighted_sft_options_helpers import BY_NAME, assert_identity_and_doubling
 
+from kinfolk.process_group import end_process_group
 from kinfolk.testing import build_tokenizer
 
 if __name__ == "__main__":
@@ -20,5 +21,4 @@ if __name__ == "__main__":
     assert_identity_and_doubling(build_tokenizer(), Path(run_dir), BY_NAME[name], processes=2)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     Path(run_dir, f"rank{rank}.done").write_text(str(world))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_process_group()  # every rank waits, then the trainer's group is destroyed (kinfolk.process_group)

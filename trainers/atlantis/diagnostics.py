@@ -34,7 +34,12 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.weights import normalized_log_prob, required_columns, weights_from_scores
+from kinfolk.trainers.atlantis.weights import (
+    column_array,
+    normalized_log_prob,
+    required_columns,
+    weights_from_scores,
+)
 
 REPORT_NAME = "weights_report.json"
 HISTOGRAM_NAME = "weights_hist.png"
@@ -66,13 +71,14 @@ def extreme_rows(
     holds the response of plain-text data, as `dataset_text_field` in SFTConfig."""
     highest = rows[np.argsort(-weights[rows], kind="stable")]
     lowest = rows[np.argsort(weights[rows], kind="stable")]
-    table = scored.with_format("numpy")
     terms = {}
     for role in ROLES:
         length = {"token": tokens_column(role), "byte": RESPONSE_BYTES_COLUMN}.get(config.normalization)
         if {logprob_column(role), length or logprob_column(role)} <= set(scored.column_names):
-            lengths = None if length is None else table[length]
-            terms[role] = normalized_log_prob(table[logprob_column(role)], lengths, config.normalization)
+            lengths = None if length is None else column_array(scored, length)
+            terms[role] = normalized_log_prob(
+                column_array(scored, logprob_column(role)), lengths, config.normalization
+            )
 
     def listed(index: int) -> WeightedRow:
         try:

@@ -445,6 +445,7 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
             None,
         ),
     ]
+    prepared = {}  # the two bases pretrain on the same rows: the first trainer prepares them for both
     trained = [entry[0] for entry in plan if (lineage(root / entry[0]) or {}).get("key") == config.model_key(entry[0])]
     if trained and not force:
         say(f"resuming: {len(trained)} of {len(plan)} models trained earlier in {root}", progress)
@@ -456,7 +457,9 @@ def _build(config: LabConfig, root: Path, progress: bool, force: bool) -> Family
             config,
             force,
             progress,
-            partial(train, init(), data, tokenizer, root / name, steps, learning_rate, config, progress, until),
+            partial(
+                train, init(), data, tokenizer, root / name, steps, learning_rate, config, progress, until, prepared
+            ),
             f"{'at most ' if until else ''}{steps} steps",
         )
         model = AutoModelForCausalLM.from_pretrained(root / name)

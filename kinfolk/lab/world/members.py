@@ -58,9 +58,11 @@ def train(
     config,
     progress: bool = True,
     until: dict | None = None,
+    prepared: dict[str, Dataset] | None = None,
 ) -> int:
     """Train one family member with the lab's recipe (`training.lab_trainer`), at most `steps` steps or until the
-    `until` rule holds (`StopWhenLearned`), and save it atomically to `out`; returns the steps trained."""
+    `until` rule holds (`StopWhenLearned`), and save it atomically to `out`; returns the steps trained. Members
+    sharing `prepared` prepare rows they share once (`kinfolk.lab.world.prepared`)."""
     with tempfile.TemporaryDirectory() as scratch:
         trainer = lab_trainer(
             model,
@@ -73,6 +75,7 @@ def train(
             prompt_loss_weight=config.prompt_loss_weight,
             seed=config.seed,
             progress=progress,
+            prepared=prepared,
         )
         if until:
             report = (lambda message: say(message, True)) if progress else None

@@ -57,11 +57,14 @@ def lab_trainer(
     progress: bool = True,
     retained_dataset: Dataset | None = None,
     max_length: int = MAX_LENGTH,
+    prepared: dict[str, Dataset] | None = None,
     **config_overrides,
 ):
     """A `WeightedSFTTrainer` for `steps` optimiser steps of `batch_size` examples on the CPU.
 
-    `retained_dataset` feeds the forgetting regularisers (`replay_ratio`, `output_kl_coef` in `config_overrides`)."""
+    `retained_dataset` feeds the forgetting regularisers (`replay_ratio`, `output_kl_coef` in `config_overrides`).
+    `prepared`: a dict shared by trainers that may train on the same rows, so that they prepare them once
+    (`kinfolk.lab.world.prepared`)."""
     from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
     if isinstance(model, (str, Path)):
@@ -90,9 +93,12 @@ def lab_trainer(
         gradient_checkpointing=False,  # TRL turns it on by default; on models this small it only costs time
         **options,
     )
-    return WeightedSFTTrainer(
-        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, retained_dataset=retained_dataset
-    )
+    data = {"train_dataset": dataset, "processing_class": tokenizer, "retained_dataset": retained_dataset}
+    if prepared is None:
+        return WeightedSFTTrainer(model=model, args=args, **data)
+    from kinfolk.lab.world.prepared import PreparingOnce
+
+    return PreparingOnce(model=model, args=args, prepared=prepared, **data)
 
 
 def save_model(model: PreTrainedModel, tokenizer, out: str | Path) -> Path:
