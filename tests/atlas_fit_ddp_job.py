@@ -15,7 +15,7 @@ import torch
 from peft import get_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM
-from two_processes import gloo_group
+from two_process_helpers import gloo_group
 
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.testing import build_tokenizer, text_dataset

@@ -24,7 +24,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
-from two_processes import gloo_group
+from two_process_helpers import gloo_group
 
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.layout import decoder_layers

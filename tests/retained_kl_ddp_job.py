@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
-from two_processes import train_in_turn
+from two_process_helpers import train_in_turn
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset

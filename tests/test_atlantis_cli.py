@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datasets import Dataset, load_from_disk
-from two_processes import accelerate_flags, run
+from two_process_helpers import accelerate_flags, run
 
 import kinfolk.trainers.atlantis.diagnostics
 from kinfolk.commands import main

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from two_processes import torchrun
+from two_process_helpers import torchrun
 
 from kinfolk.plugins.atlas.kmeans import inertia, nearest
 

@@ -9,7 +9,7 @@ import torch
 from peft import PeftModel, get_peft_model
 from sft_helpers import TINY_RUN
 from transformers import AutoModelForCausalLM
-from two_processes import accelerate_flags, run
+from two_process_helpers import accelerate_flags, run
 
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.testing import prompt_completion_dataset, text_dataset

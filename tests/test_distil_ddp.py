@@ -10,7 +10,7 @@ import torch
 from distil_ddp_job import OPTIONS, digest, losses, train_once
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from two_processes import accelerate, accelerate_flags, run
+from two_process_helpers import accelerate, accelerate_flags, run
 from yaml import safe_dump
 
 from kinfolk.commands.distil import DELTA, DISTILLED, INIT, DistilArguments, distil

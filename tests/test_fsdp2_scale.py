@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from two_processes import assert_same_gradients, torchrun
+from two_process_helpers import assert_same_gradients, torchrun
 
 JOB = Path(__file__).with_name("fsdp2_scale_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]

@@ -21,7 +21,7 @@ import torch
 from datasets import Dataset
 from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 from kill_jobs import JOBS as JOB_FUNCTIONS
-from two_processes import accelerate_flags
+from two_process_helpers import accelerate_flags
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge

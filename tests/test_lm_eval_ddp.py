@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from lm_eval_ddp_job import train
-from two_processes import accelerate
+from two_process_helpers import accelerate
 
 from kinfolk.callbacks.churn import read_samples
 from kinfolk.callbacks.drift_log import read_rows

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from peft import PeftModel
 from retained_kl_helpers import reference_retained_kl
-from two_processes import accelerate
+from two_process_helpers import accelerate
 
 from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy

@@ -69,7 +69,5 @@ def inside():
         (6, "tests.test_e"),
         (10, "test_f"),
     ]
-    helpers = (
-        "from sft_helpers import config\nimport two_processes\nfrom kinfolk.eval_tasks.execution import test_program\n"
-    )
+    helpers = "from sft_helpers import config\nimport two_process_helpers\nfrom kinfolk.eval_tasks.execution import test_program\n"
     assert test_modules_among(imported_modules(ast.parse(helpers))) == []

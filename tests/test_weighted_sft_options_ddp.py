@@ -5,7 +5,7 @@ doubling). See tests/weighted_sft_options_ddp_job.py and tests/test_weighted_sft
 from pathlib import Path
 
 import pytest
-from two_processes import accelerate
+from two_process_helpers import accelerate
 
 JOB = Path(__file__).with_name("weighted_sft_options_ddp_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]

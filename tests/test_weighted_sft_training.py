@@ -14,7 +14,7 @@ from sft_helpers import (
     weighted_data,
     weighted_trainer,
 )
-from two_processes import accelerate
+from two_process_helpers import accelerate
 
 from kinfolk.testing import build_model, conversational_dataset
 from kinfolk.tokens import IGNORE_INDEX

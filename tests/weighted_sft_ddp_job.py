@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from peft import LoraConfig
 from sft_helpers import parameters, weighted_data, weighted_trainer
-from two_processes import train_in_turn
+from two_process_helpers import train_in_turn
 
 from kinfolk.testing import build_tokenizer, text_dataset
 
