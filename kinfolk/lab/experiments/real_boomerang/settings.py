@@ -11,13 +11,13 @@ the sources and sizes of the held-out measurement, and the seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from kinfolk.lab.methods.two_phase import TwoPhaseBudget
 from kinfolk.lab.protocol.settings import RealModelSettings
 
 
 @dataclass(frozen=True)
-class BoomerangSettings(RealModelSettings):  # its `model` is the teacher
+class BoomerangSettings(TwoPhaseBudget, RealModelSettings):  # its `model` is the teacher
     layers: dict = field(
         default_factory=lambda: {"every": 2, "last": 1}, metadata={"help": "the student's layer selection"}
     )
@@ -37,21 +37,3 @@ class BoomerangSettings(RealModelSettings):  # its `model` is the teacher
     records: str = field(
         default="docs/results/real-boomerang-units", metadata={"help": "each seed's per-size numbers (committed)"}
     )
-
-    @property
-    def pretraining_steps(self) -> int:
-        return int(self.steps * self.pretraining_fraction)
-
-    @property
-    def pretraining_rows(self) -> int:
-        """Rows drawn for the first phase: one pass, no row seen twice."""
-        return self.pretraining_steps * self.batch_size
-
-    @property
-    def sft_rows(self) -> int:
-        """Rows drawn for the second phase (drawn with replacement where the training prompts are fewer)."""
-        return (self.steps - self.pretraining_steps) * self.batch_size
-
-    def teacher_dir(self) -> Path:
-        """The teacher's directory: the settings' model."""
-        return self.model_dir()

@@ -11,8 +11,8 @@ the arms, and a measurement drawn per seed from larger held-out pools.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from kinfolk.lab.methods.two_phase import TwoPhaseBudget
 from kinfolk.lab.protocol.settings import RealModelSettings
 
 ARMS = ["distilled", "ce-only", "undistilled"]
@@ -21,7 +21,7 @@ LOSS_WEIGHTS = {"distilled": {}, "ce-only": {"kl_weight": 0.0, "cosine_weight": 
 
 
 @dataclass(frozen=True)
-class RealBoomerangControlsSettings(RealModelSettings):  # its `model` is the teacher
+class RealBoomerangControlsSettings(TwoPhaseBudget, RealModelSettings):  # its `model` is the teacher
     layers: dict = field(
         default_factory=lambda: {"every": 2, "last": 1}, metadata={"help": "the student's layer selection"}
     )
@@ -57,20 +57,3 @@ class RealBoomerangControlsSettings(RealModelSettings):  # its `model` is the te
         default="docs/results/real-boomerang-controls-units",
         metadata={"help": "each seed's measured rows and per-size numbers (committed)"},
     )
-
-    @property
-    def pretraining_steps(self) -> int:
-        return int(self.steps * self.pretraining_fraction)
-
-    @property
-    def pretraining_rows(self) -> int:
-        """Rows drawn for the first phase: one pass, no row seen twice."""
-        return self.pretraining_steps * self.batch_size
-
-    @property
-    def sft_rows(self) -> int:
-        """Rows drawn for the second phase (drawn with replacement where the training prompts are fewer)."""
-        return (self.steps - self.pretraining_steps) * self.batch_size
-
-    def teacher_dir(self) -> Path:
-        return self.model_dir()
