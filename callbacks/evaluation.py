@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import TrainerCallback
 
 from kinfolk.atomic import atomic_file
 from kinfolk.callbacks.churn import churn_report, flat_metrics, outcomes, read_samples
 from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
@@ -176,7 +176,7 @@ def churn_metrics(frozen: dict[str, list[dict]], current: dict[str, list[dict]])
     return flat, reports
 
 
-class LmEvalCallback(TrainerCallback):
+class LmEvalCallback(MeasuredAtSteps):
     """Run lm-eval tasks during training; see the module docstring.
 
     Args:
@@ -215,10 +215,10 @@ class LmEvalCallback(TrainerCallback):
                 "LmEvalCallback needs the whole model on the main process; with FSDP or ZeRO-3 evaluate saved "
                 "checkpoints with `kinfolk eval` instead"
             )
+        super().__init__(every_n_steps)
         self.trainer = trainer
         self.tasks = list(tasks)
         self.limit = limit
-        self.every_n_steps = every_n_steps
         self.churn = churn
         extra = [include_path] if isinstance(include_path, str) else list(include_path or [])
         self.include_path = [str(task_dir()), *extra]
@@ -233,7 +233,7 @@ class LmEvalCallback(TrainerCallback):
         )
         self.frozen_samples: dict[str, list[dict]] | None = None
         self._task_manager = None
-        self._last_step = None
+        self.metrics: dict[str, float] = {}
 
     @property
     def folder(self) -> Path:
@@ -266,10 +266,11 @@ class LmEvalCallback(TrainerCallback):
         write_samples(folder, self.frozen_samples)
 
     def evaluate(self, args, state, control) -> dict[str, float]:
-        """Run the tasks now, log scores (and churn), save the samples and append to drift.jsonl."""
-        if self._last_step == state.global_step:
-            return {}
-        self._last_step = state.global_step
+        """Run the tasks now, log scores (and churn), save the samples and append to drift.jsonl; the metrics (on
+        the main process; {} elsewhere and at a step already evaluated)."""
+        return self.metrics if self.measure_once(args, state, control) else {}
+
+    def measure_step(self, args, state, control) -> None:
         metrics: dict[str, float] = {}
         if args.process_index == 0:
             start = time.perf_counter()
@@ -288,8 +289,8 @@ class LmEvalCallback(TrainerCallback):
                 row["checkpoint"] = f"checkpoint-{state.global_step}"
             append_row(args.output_dir, row)
             log_step_metrics(self.trainer, control, metrics)
+        self.metrics = metrics
         self.trainer.accelerator.wait_for_everyone()
-        return metrics
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.churn and self.frozen_samples is None:
@@ -297,19 +298,9 @@ class LmEvalCallback(TrainerCallback):
                 self._record_frozen(state)
             self.trainer.accelerator.wait_for_everyone()
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
-            self.evaluate(args, state, control)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self.evaluate(args, state, control)
-
     def on_save(self, args, state, control, **kwargs):
         if args.process_index == 0:
             append_row(args.output_dir, {"step": state.global_step, "checkpoint": f"checkpoint-{state.global_step}"})
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.evaluate(args, state, control)
 
 
 def _zero_stage(trainer) -> int | None:

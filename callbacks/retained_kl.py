@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
+from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
 from kinfolk.sharding import unsharded_root
@@ -45,7 +45,7 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
-class RetainedKLCallback(TrainerCallback):
+class RetainedKLCallback(MeasuredAtSteps):
     """Measure retained KL during training; see the module docstring for the frozen-side options.
 
     Args:
@@ -84,18 +84,15 @@ class RetainedKLCallback(TrainerCallback):
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-        if every_n_steps is not None and every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        super().__init__(every_n_steps, measure_at_start)
         self.trainer = trainer
         self.positions = positions
-        self.every_n_steps = every_n_steps
         self.reference_model = reference_model
         self.cache = cache
         self.cache_top_k = cache_top_k
         self.divergence = divergence
         self.beta = beta
         self.metric_name = metric_name
-        self.measure_at_start = measure_at_start
         tokenizer = processing_class or getattr(trainer, "processing_class", None)
         max_length = max_length or getattr(trainer.args, "max_length", None) or 1024
         sft_args = trainer.args if hasattr(trainer.args, "completion_only_loss") else None
@@ -103,7 +100,6 @@ class RetainedKLCallback(TrainerCallback):
         self.frozen = None
         self.frozen_description = ""
         self.cache_used = cache
-        self._last_step = None
 
     # -- set-up -----------------------------------------------------------------------------------------------
     def _model(self) -> torch.nn.Module:
@@ -196,10 +192,7 @@ class RetainedKLCallback(TrainerCallback):
             measured[f"{self.metric_name}_upper"] = (total + bound) / max(tokens, 1.0)
         return measured
 
-    def _measure_and_record(self, args, state, control) -> None:
-        if self._last_step == state.global_step:
-            return
-        self._last_step = state.global_step
+    def measure_step(self, args, state, control) -> None:
         start = time.perf_counter()
         measured = self.measure()
         seconds = time.perf_counter() - start
@@ -223,19 +216,8 @@ class RetainedKLCallback(TrainerCallback):
         if self.frozen is None:
             with unsharded_root(self._model()):
                 self._build_frozen(state)
-        if self.measure_at_start and state.global_step == 0:
-            self._measure_and_record(args, state, control)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
-            self._measure_and_record(args, state, control)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self._measure_and_record(args, state, control)
+        super().on_train_begin(args, state, control, **kwargs)
 
     def on_save(self, args, state, control, **kwargs):
         if args.process_index == 0:
             append_row(args.output_dir, {"step": state.global_step, "checkpoint": f"checkpoint-{state.global_step}"})
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._measure_and_record(args, state, control)

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
+from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import OutputHead
 from kinfolk.errors import InputError
@@ -38,7 +38,7 @@ from kinfolk.logprobs import label_log_probs
 Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
 
 
-class TargetMetricCallback(TrainerCallback):
+class TargetMetricCallback(MeasuredAtSteps):
     """Measure `measure(model, tokenizer)` during training; see the module docstring.
 
     Args:
@@ -57,14 +57,10 @@ class TargetMetricCallback(TrainerCallback):
         metric_name: str = "target",
         measure_at_start: bool = True,
     ):
-        if every_n_steps is not None and every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        super().__init__(every_n_steps, measure_at_start)
         self.trainer = trainer
         self.measure = measure
-        self.every_n_steps = every_n_steps
         self.metric_name = metric_name
-        self.measure_at_start = measure_at_start
-        self._last_step = None
 
     def score(self) -> float:
         """The target score of the model now (eval mode, no gradients, RNG states and train mode restored)."""
@@ -78,10 +74,7 @@ class TargetMetricCallback(TrainerCallback):
         finally:
             model.train(was_training)
 
-    def _record(self, args, state, control) -> None:
-        if self._last_step == state.global_step:
-            return
-        self._last_step = state.global_step
+    def measure_step(self, args, state, control) -> None:
         start = time.perf_counter()
         value = self.score()
         if not math.isfinite(value):
@@ -91,20 +84,6 @@ class TargetMetricCallback(TrainerCallback):
             seconds = round(time.perf_counter() - start, 4)
             row = {"step": state.global_step, "epoch": state.epoch, self.metric_name: value}
             append_row(args.output_dir, {**row, f"{self.metric_name}_seconds": seconds})
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.measure_at_start and state.global_step == 0:
-            self._record(args, state, control)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
-            self._record(args, state, control)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self._record(args, state, control)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._record(args, state, control)
 
 
 def validation_nll(rows, tokenizer, sft_args=None, max_length: int | None = 1024, batch_size: int = 8) -> Measure:
