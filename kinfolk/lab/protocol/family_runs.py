@@ -4,7 +4,8 @@ A `FamilyRunsExperiment`'s settings (a `kinfolk.lab.protocol.settings.FamilySett
 per family and `records` folder; one run's raw record is kept under the key `record_key(family, run)`
 (`records/<family>/<run>.json`, `kinfolk.lab.protocol.records.kept_record`), written by the maker
 (`family_runs()`, whose `record(family, run)` returns None while another process holds part of the run) once whole,
-and read back when its `record_version` is the experiment's.
+and read back when its `record_version` is the experiment's. A maker whose run is one piece of work subclasses
+`ClaimedFamilyRuns` and says in `make` what a run is.
 
 >>> record_key(0, 1)
 '0/1'
@@ -13,10 +14,14 @@ and read back when its `record_version` is the experiment's.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
+from kinfolk import console
+from kinfolk.atomic import write_json
+from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.experiment import Experiment
-from kinfolk.lab.protocol.records import kept_record
+from kinfolk.lab.protocol.records import kept_path, kept_record
 
 
 def record_key(family: int, run: int) -> str:
@@ -52,3 +57,39 @@ class FamilyRunsExperiment(Experiment):
 
     def provenance(self) -> dict[str, Any]:
         return {"records": self.settings.records}
+
+
+class ClaimedFamilyRuns:
+    """A family-runs maker whose run is made whole by one process: the process claims the run's folder
+    (`settings.work/<family>/run<r>`, `kinfolk.lab.protocol.claims`) while it makes it, so processes started alike
+    share the runs, and writes the record once whole; `make(family, run, where)` says what a run is."""
+
+    record_version: ClassVar[int]
+    name: ClassVar[str]  # the experiment's, on the terminal's stage lines
+
+    def __init__(self, settings: Any):
+        self.settings = settings
+        self.work, self.records = Path(settings.work), Path(settings.records)
+
+    def make(self, family: int, run: int, where: Path) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def record(self, family: int, run: int) -> dict[str, Any] | None:
+        """The run's record, made here unless kept; None while another process makes it."""
+        kept = kept_record(self.records, record_key(family, run), self.record_version)
+        if kept is not None:
+            return kept
+        where = self.work / str(family) / f"run{run}"
+        with claimed(where) as ours:
+            if not ours:
+                return None
+            from transformers.utils import logging
+
+            console.stage(f"{self.name}: family {family} run {run}")
+            logging.disable_progress_bar()  # a run loads many small models: no bar for each
+            try:
+                record = self.make(family, run, where)
+            finally:
+                logging.enable_progress_bar()
+        write_json(kept_path(self.records, record_key(family, run)), record)
+        return kept_record(self.records, record_key(family, run), self.record_version)  # as read back: JSON's keys

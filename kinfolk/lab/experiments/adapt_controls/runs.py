@@ -14,50 +14,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kinfolk import console
-from kinfolk.atomic import write_json
-from kinfolk.lab.experiments.adapt_controls.settings import ControlsSettings
 from kinfolk.lab.methods.adapt.base_corpus import VARIANTS, base_sft_corpus, variant_post_training_prompts
 from kinfolk.lab.methods.adapt.settings import BASE, ROUTED, format_of
 from kinfolk.lab.methods.selection import routing_record, sizes_with_skills
-from kinfolk.lab.protocol.claims import claimed
-from kinfolk.lab.protocol.family_runs import record_key
-from kinfolk.lab.protocol.records import kept_path, kept_record
+from kinfolk.lab.protocol.family_runs import ClaimedFamilyRuns
 
 RECORD_VERSION = 1
 
 
-class AdaptControlsRuns:
+class AdaptControlsRuns(ClaimedFamilyRuns):
     """The runs of the settings' families, made or read back; `None` for a run another process holds."""
 
-    def __init__(self, settings: ControlsSettings):
-        self.settings = settings
-        self.work, self.records = Path(settings.work), Path(settings.records)
+    record_version = RECORD_VERSION
+    name = "adapt-controls"
 
     def family(self, seed: int):
         from kinfolk.lab.methods.adapt.settings import adapt_family_config
         from kinfolk.lab.world.family import build_family
 
         return build_family(adapt_family_config(seed, **self.settings.family_overrides), progress=False)
-
-    def record(self, seed: int, run: int) -> dict[str, Any] | None:
-        kept = kept_record(self.records, record_key(seed, run), RECORD_VERSION)
-        if kept is not None:
-            return kept
-        where = self.work / str(seed) / f"run{run}"
-        with claimed(where) as ours:
-            if not ours:
-                return None
-            from transformers.utils import logging
-
-            console.stage(f"adapt-controls: family {seed} run {run}")
-            logging.disable_progress_bar()  # a hundred small models are loaded: no bar for each
-            try:
-                record = self.make(seed, run, where)
-            finally:
-                logging.enable_progress_bar()
-        write_json(kept_path(self.records, record_key(seed, run)), record)
-        return kept_record(self.records, record_key(seed, run), RECORD_VERSION)  # as read back: JSON's string keys
 
     def make(self, seed: int, run: int, where: Path) -> dict[str, Any]:
         from kinfolk.lab.methods.adapt.family_runs import AdaptFamily

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kinfolk.lab.methods.adapt.settings import ORDERS, AdaptSettings
+from kinfolk.lab.methods.adapt.settings import AdaptRunSettings
 from kinfolk.lab.protocol.settings import FamilySettings
 
 # Every method whose sizes are measured, and the student its variant's blocks are patched into.
@@ -23,7 +23,7 @@ METHODS = {
 
 
 @dataclass(frozen=True)
-class ControlsSettings(FamilySettings):
+class ControlsSettings(AdaptRunSettings, FamilySettings):
     variants: list[str] = field(
         default_factory=lambda: ["large_instruct", "large_bracket"], metadata={"help": "Post-trained variants."}
     )
@@ -62,16 +62,3 @@ class ControlsSettings(FamilySettings):
     family_overrides: dict = field(
         default_factory=dict, metadata={"help": "LabConfig fields over the ADAPT family (the tests' micro family)."}
     )
-
-    def distillation_seed(self, family: int, run: int) -> int:
-        return 100 * family + run
-
-    def adapt_settings(self) -> AdaptSettings:
-        """The `AdaptFamily` settings of every run (one budget: `steps`)."""
-        return AdaptSettings(
-            variants=list(self.variants), layers=self.layers, orders=list(ORDERS), budgets=[self.steps],
-            steps=self.steps, learning_rate=self.learning_rate, pretraining_fraction=self.pretraining_fraction,
-            batch_size=self.batch_size, eval_problems=self.eval_problems,
-            validation_problems=self.validation_problems, kl_examples=self.kl_examples,
-            routing_problems=self.routing_problems, routing_variant=self.routing_variant,
-        )  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kinfolk.lab.methods.adapt.settings import ADAPT_LARGE_SHAPE, ORDERS, AdaptSettings, adapt_family_config
+from kinfolk.lab.methods.adapt.settings import ADAPT_LARGE_SHAPE, AdaptRunSettings, adapt_family_config
 from kinfolk.lab.methods.selection import threshold_grid
 from kinfolk.lab.protocol.settings import FamilySettings
 from kinfolk.lab.world.family import LabConfig
@@ -35,7 +35,7 @@ METHODS = {
 
 
 @dataclass(frozen=True)
-class FrontierSettings(FamilySettings):
+class FrontierSettings(AdaptRunSettings, FamilySettings):
     variants: list[str] = field(
         default_factory=lambda: ["large_instruct", "large_bracket"], metadata={"help": "Post-trained variants."}
     )
@@ -86,9 +86,6 @@ class FrontierSettings(FamilySettings):
         default_factory=dict, metadata={"help": "LabConfig fields over the ADAPT family (the tests' micro family)."}
     )
 
-    def distillation_seed(self, family: int, run: int) -> int:
-        return 100 * family + run
-
     def family_config(self, seed: int) -> LabConfig:
         """The ADAPT family of `seed` with a `teacher_layers`-layer teacher (`family_overrides` last)."""
         shape = ADAPT_LARGE_SHAPE | {"num_hidden_layers": self.teacher_layers}
@@ -109,13 +106,3 @@ class FrontierSettings(FamilySettings):
     def thresholds(self) -> list[float]:
         """Every threshold a run routes at: 0 to 1 by `threshold_step`, `threshold_extension` steps beyond."""
         return threshold_grid(self.threshold_step, self.threshold_extension)
-
-    def adapt_settings(self) -> AdaptSettings:
-        """The `AdaptFamily` settings of every run (one budget: `steps`)."""
-        return AdaptSettings(
-            variants=list(self.variants), layers=self.layers, orders=list(ORDERS), budgets=[self.steps],
-            steps=self.steps, learning_rate=self.learning_rate, pretraining_fraction=self.pretraining_fraction,
-            batch_size=self.batch_size, eval_problems=self.eval_problems,
-            validation_problems=self.validation_problems, kl_examples=self.kl_examples,
-            routing_problems=self.routing_problems, routing_variant=self.routing_variant,
-        )  # fmt: skip

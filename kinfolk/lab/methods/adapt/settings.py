@@ -135,3 +135,25 @@ def concordance(values: list[float]) -> float:
 def largest_drop(values: list[float]) -> float:
     """The largest fall from one size to the next (0 when the curve never falls)."""
     return float(max([0.0, *(a - b for a, b in itertools.pairwise(values))]))
+
+
+class AdaptRunSettings:
+    """What an ADAPT experiment's settings dataclass (adapt-controls, adapt-frontier) derives from its fields for
+    its runs: a field-less base, so each version's plan keeps its own fields and their order.
+
+    >>> AdaptRunSettings().distillation_seed(family=3, run=1)  # distinct for every family and run
+    301
+    """
+
+    def distillation_seed(self, family: int, run: int) -> int:
+        return 100 * family + run
+
+    def adapt_settings(self) -> AdaptSettings:
+        """The `AdaptFamily` settings of every run (one budget: `steps`)."""
+        return AdaptSettings(
+            variants=list(self.variants), layers=self.layers, orders=list(ORDERS), budgets=[self.steps],
+            steps=self.steps, learning_rate=self.learning_rate, pretraining_fraction=self.pretraining_fraction,
+            batch_size=self.batch_size, eval_problems=self.eval_problems,
+            validation_problems=self.validation_problems, kl_examples=self.kl_examples,
+            routing_problems=self.routing_problems, routing_variant=self.routing_variant,
+        )  # fmt: skip
