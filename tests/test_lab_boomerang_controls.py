@@ -101,3 +101,31 @@ def test_a_rerun_reads_the_kept_arms_back_and_another_student_size_is_refused(mi
     other = RealBoomerangControls(RealBoomerangControlsSettings(**{**micro.__dict__, "patched_blocks": 3}))
     with pytest.raises(ValueError, match="seed 0: 2 patched blocks, the plan has 3"):
         other.analyse(kept(micro, 0), {})
+
+
+def test_the_process_that_keeps_a_seeds_last_arm_writes_its_record(micro, trained, tmp_path, monkeypatch):
+    """Two processes share a seed's arms: this one finds ce-only held by the other, makes the arms after it, and by
+    then ce-only is kept; it writes the seed's record at once rather than leaving it to a later pass."""
+    import shutil
+
+    from kinfolk.lab.experiments.real_boomerang_controls import runs
+
+    shutil.copytree(micro.work, tmp_path / "work")
+    settings = RealBoomerangControlsSettings(
+        **{**micro.__dict__, "work": str(tmp_path / "work"), "records": str(tmp_path / "records")}
+    )
+    kept_arm = runs.RealBoomerangControlsRuns.arm
+    held_once = []
+
+    def arm(self, seed, name):
+        if name == "ce-only" and not held_once:
+            held_once.append(name)
+            return None  # the other process holds it on the first look
+        return kept_arm(self, seed, name)
+
+    monkeypatch.setattr(runs.RealBoomerangControlsRuns, "arm", arm)
+    with no_training():
+        record = runs.RealBoomerangControlsRuns(settings).record(0)
+    assert held_once == ["ce-only"]
+    written = json.loads((tmp_path / "records" / "0.json").read_text())
+    assert record == written == kept(micro, 0)

@@ -93,6 +93,9 @@ class RealBoomerangControlsRuns(SizeCurveRuns):
         if kept is not None:
             return kept
         arms = {arm: self.arm(seed, arm) for arm in self.settings.arms}
+        # an arm another process held may have been kept while this one made the later arms: read it again, so
+        # whichever process keeps the seed's last arm writes the record
+        arms = {arm: made or self.arm(seed, arm) for arm, made in arms.items()}
         if any(made is None for made in arms.values()):
             return None
         record = {
