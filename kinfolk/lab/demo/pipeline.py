@@ -73,8 +73,11 @@ class DemoConfig:
     adapter_steps: int = field(default=600, metadata={"help": "Steps of each adapter run."})
     adapter_learning_rate: float = field(default=1e-2, metadata={"help": "Learning rate of the adapter runs."})
     drift_points: int = field(
-        default=8,
-        metadata={"help": "Checkpoints of each adapter run where retained KL and target score are measured."},
+        default=40,
+        metadata={
+            "help": "Checkpoints of each adapter run where retained KL and target score are measured: enough that "
+            "the target's rise spans several (at 8 the skill was learned between two of them)."
+        },
     )
     distil_steps: int = field(default=300, metadata={"help": "Steps of the ADAPT base-student distillation."})
     distil_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the distillation."})
@@ -92,7 +95,7 @@ class DemoConfig:
             "pool_size": 256,
             "sft_steps": 20,
             "adapter_steps": 40,
-            "drift_points": 2,
+            "drift_points": 8,
             "distil_steps": 20,
             "kl_examples": 64,
             "eval_problems": 50,  # routing: 10 problems per length and split

@@ -9,14 +9,15 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import textwrap
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kinfolk.atomic import atomic_file
+from kinfolk.drift.matching import INTERPOLATION, Run
 
 
 def _cell(value: Any) -> str:
@@ -96,33 +97,82 @@ def atlas_rows(results: dict) -> list[list[Any]]:
     return rows
 
 
+DRAWN_RISE = 0.5  # a run's rise is drawn when no two neighbouring checkpoints span more than this share of it
+
+
+def demo_runs(results: dict) -> dict[str, Run]:
+    """The demo's ATLAS and LoRA runs as `kinfolk drift` reads runs: (step, test target score, retained KL)."""
+    atlas = results["atlas"]
+    runs = {}
+    for method in ("atlas", "lora"):
+        target_at = dict(map(tuple, atlas.get("target_curve", {}).get(method, [])))
+        checkpoints = [(step, target_at[step], kl) for step, kl in atlas["retained_kl"][method] if step in target_at]
+        runs[method] = Run(method, str(results["config"]["seed"]), f"models/{method}", checkpoints)
+    return runs
+
+
+def largest_rise_share(run: Run) -> float:
+    """The largest change of the target score between neighbouring checkpoints, as a share of the run's whole
+    range of scores: near 1 when the skill is learned between two measurements, so the rise is not drawn.
+
+    >>> largest_rise_share(Run("lora", "0", "", [(0, 0.0, 0.0), (5, 0.1, 0.01), (10, 1.0, 0.1)]))
+    0.9
+    """
+    targets = [target for _, target, _ in sorted(run.checkpoints)]
+    whole = max(targets) - min(targets)
+    return max(abs(b - a) for a, b in pairwise(targets)) / whole if whole > 0 else 0.0
+
+
 def target_matched_text(results: dict, short: bool = False) -> str:
     """ATLAS / LoRA retained KL at the ATLAS experiment's target levels (fractions of LoRA's gain over the frozen
-    model's test score), or why there is none: where LoRA does not rise above the frozen score there is no level and
-    no ratio, and a level ATLAS does not reach is reported as not reached. `short`: without the levels' definition."""
+    model's test score), each run's KL read off its own curve by `kinfolk drift`'s interpolation (so the verdict
+    does not depend on when checkpoints were saved), with both KLs beside the ratio; or why there is none. Where LoRA
+    does not rise above the frozen score there is no level and no ratio, and a level a run reaches only by
+    extrapolation is reported as not reached. `short`: without the levels' definition and the measurement's
+    resolution."""
     from kinfolk.lab.methods.atlas import GAIN_LEVELS
 
     analysis = results["atlas"].get("analysis", {})
     if "methods" not in analysis:
         return f"no matched comparison: {analysis.get('undefined', 'not measured')}"
     target = results["skills"]["target"]
-    versus = analysis["methods"]["atlas"]["versus"]["lora"]
+    runs = demo_runs(results)
     parts = []
     for name in GAIN_LEVELS:
-        level, ratio = analysis["levels"][name], versus[f"kl_{name}"]
-        parts.append(
-            f"{math.exp(ratio):.3f} at {target} >= {level:.2f}"
-            if ratio is not None
-            else f"ATLAS never reaches {target} {level:.2f}"
-        )
+        level = analysis["levels"][name]
+        atlas, lora = runs["atlas"].drift_at(level), runs["lora"].drift_at(level)
+        if atlas.drift is None or lora.drift is None:
+            missing = "ATLAS" if atlas.drift is None else "LoRA"
+            parts.append(f"{missing} {(atlas if atlas.drift is None else lora).how} at {target} {level:.2f}")
+        elif lora.drift <= 0:
+            parts.append(f"LoRA's KL is 0 at {target} {level:.2f}")
+        else:
+            parts.append(
+                f"{atlas.drift / lora.drift:.3f} at {target} {level:.2f} ({atlas.drift:.4f} vs {lora.drift:.4f})"
+            )
     text = "retained KL(ATLAS) / KL(LoRA): " + ", ".join(parts)
+    shares = {method: largest_rise_share(run) for method, run in runs.items()}
+    undrawn = [method for method, share in shares.items() if share > DRAWN_RISE]
     if short:
-        return text
+        return text + ("; the rise is not drawn: too few checkpoints" if undrawn else "")
     fractions = " and ".join(f"{fraction:g}" for fraction in GAIN_LEVELS.values())
+    config = results["config"]
+    every = max(1, config["adapter_steps"] // config["drift_points"])
+    resolution = (
+        f"measured every {every} steps; the largest change between neighbouring checkpoints is "
+        + " and ".join(f"{share:.2f} ({method})" for method, share in shares.items())
+        + " of each run's range"
+    )
+    warning = (
+        f". Not drawn: {', '.join(undrawn)} learned {target} between two measurements, so the ratio is mostly "
+        "the interpolation's; raise `--drift_points`"
+        if undrawn
+        else ""
+    )
     return (
         f"{text} (levels at {fractions} of LoRA's gain from the frozen {analysis['frozen']:.2f} to its best "
-        f"{analysis['lora_best']:.2f}; each method's lowest KL among checkpoints reaching the level, chosen on test "
-        "scores: exploratory; one run each)"
+        f"{analysis['lora_best']:.2f}; each run's KL read off its own curve at the level ({INTERPOLATION}), on test "
+        f"scores: exploratory; one run each; {resolution}){warning}"
     )
 
 
