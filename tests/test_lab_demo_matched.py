@@ -2,15 +2,17 @@
 decide it, and it says when the rise fell between two measurements."""
 
 import math
+from itertools import pairwise
 
 import pytest
 
+from kinfolk.lab.demo.pipeline import measured_steps
 from kinfolk.lab.demo.report import DRAWN_RISE, largest_rise_share, target_matched_text
 
 LEVELS = {"mid": 0.5, "plateau": 0.9}
 
 
-def demo_atlas_results(every: int, steps: int = 20, drift_points: int | None = None) -> dict:
+def demo_atlas_results(every: int, steps: int = 20) -> dict:
     """Both runs' score rises linearly, step / steps; retained KL grows as exp(4 · score) from 0.01 (LoRA) and
     0.002 (ATLAS), 0 at the untouched start: along such curves the geometric interpolation is exact, so ATLAS / LoRA
     is 0.2 at every level whatever the save interval."""
@@ -18,7 +20,7 @@ def demo_atlas_results(every: int, steps: int = 20, drift_points: int | None = N
     curves = {"lora": 0.01, "atlas": 0.002}
     return {
         "skills": {"target": "reverse"},
-        "config": {"seed": 0, "adapter_steps": steps, "drift_points": drift_points or steps // every},
+        "config": {"seed": 0},
         "atlas": {
             "retained_kl": {m: [[s, 0.0 if s == 0 else a * math.exp(4 * s / steps)] for s in saved] for m, a in curves.items()},
             "target_curve": {m: [[s, s / steps] for s in saved] for m in curves},
@@ -33,7 +35,7 @@ def test_the_verdict_is_the_same_whether_saved_every_2_or_every_4_steps():
         lora, atlas = 0.01 * math.exp(4 * level), 0.002 * math.exp(4 * level)
         expected = f"0.200 at reverse {level:.2f} ({atlas:.4f} vs {lora:.4f})"
         assert expected in often and expected in rarely
-    assert "measured every 2 steps" in often and "measured every 4 steps" in rarely
+    assert "measured at steps 0, 2, 4 ... 20 (11)" in often and "measured at steps 0, 4, 8 ... 20 (6)" in rarely
     assert "Not drawn" not in often + rarely
 
 
@@ -63,3 +65,11 @@ def test_largest_rise_share_by_hand(scores, share):
     run = Run("lora", "0", "", [(step, score, 0.0) for step, score in enumerate(scores)])
     assert largest_rise_share(run) == pytest.approx(share)
     assert (largest_rise_share(run) > DRAWN_RISE) == (share > 0.5)
+
+
+@pytest.mark.parametrize(("steps", "points"), [(600, 40), (600, 12), (40, 8), (5, 8), (1, 3), (1000, 2)])
+def test_measured_steps_run_from_1_to_the_last_step_with_gaps_that_never_shrink(steps, points):
+    chosen = measured_steps(steps, points)
+    assert chosen[0] == 1 and chosen[-1] == steps and len(chosen) == min(points, steps)
+    gaps = [b - a for a, b in pairwise(chosen)]
+    assert all(gap >= 1 for gap in gaps) and gaps == sorted(gaps)  # dense where a fast rise would be, then wider

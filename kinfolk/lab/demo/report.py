@@ -123,6 +123,13 @@ def largest_rise_share(run: Run) -> float:
     return max(abs(b - a) for a, b in pairwise(targets)) / whole if whole > 0 else 0.0
 
 
+def _steps_measured(runs: dict[str, Run]) -> str:
+    """The measured steps of the runs, as a short range: '0, 1, 2 ... 600 (41)'."""
+    steps = sorted({step for run in runs.values() for step, _, _ in run.checkpoints})
+    shown = ", ".join(map(str, steps[:3])) + (f" ... {steps[-1]}" if len(steps) > 3 else "")
+    return f"{shown} ({len(steps)})"
+
+
 def target_matched_text(results: dict, short: bool = False) -> str:
     """ATLAS / LoRA retained KL at the ATLAS experiment's target levels (fractions of LoRA's gain over the frozen
     model's test score), each run's KL read off its own curve by `kinfolk drift`'s interpolation (so the verdict
@@ -156,10 +163,8 @@ def target_matched_text(results: dict, short: bool = False) -> str:
     if short:
         return text + ("; the rise is not drawn: too few checkpoints" if undrawn else "")
     fractions = " and ".join(f"{fraction:g}" for fraction in GAIN_LEVELS.values())
-    config = results["config"]
-    every = max(1, config["adapter_steps"] // config["drift_points"])
     resolution = (
-        f"measured every {every} steps; the largest change between neighbouring checkpoints is "
+        f"measured at steps {_steps_measured(runs)}; the largest change between neighbouring checkpoints is "
         + " and ".join(f"{share:.2f} ({method})" for method, share in shares.items())
         + " of each run's range"
     )

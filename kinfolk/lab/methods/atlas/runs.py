@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,11 +292,12 @@ def train_run(
     measure_at_start: bool = False,
     seed: int | None = None,
     measure_point: Callable[[Context, str, torch.nn.Module, int], dict[str, Any]] | None = None,
+    checkpoint_steps: Collection[int] | None = None,
 ) -> dict[str, Any]:
     """One run: `method` learns `target` for `settings.steps` steps, measured (by `measure_point`, default `measure`)
-    every `checkpoint_every` steps and before the first with `measure_at_start` (the fronts do not need it: every
-    method starts at the frozen model). `seed` draws the adapter's initialisation and the data order (default: the
-    family's seed)."""
+    every `checkpoint_every` steps (or at `checkpoint_steps`), at the last step, and before the first with
+    `measure_at_start` (the fronts do not need it: every method starts at the frozen model). `seed` draws the
+    adapter's initialisation and the data order (default: the family's seed)."""
     from transformers import TrainerCallback
 
     settings = context.settings
@@ -313,7 +314,12 @@ def train_run(
                 points.append(measure_point(context, target, model, 0))
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % settings.checkpoint_every == 0 or state.global_step == state.max_steps:
+            scheduled = (
+                state.global_step in checkpoint_steps
+                if checkpoint_steps is not None
+                else state.global_step % settings.checkpoint_every == 0
+            )
+            if scheduled or state.global_step == state.max_steps:
                 points.append(measure_point(context, target, model, state.global_step))
 
     start = time.perf_counter()
