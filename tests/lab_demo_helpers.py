@@ -10,8 +10,7 @@ def demo_results() -> dict:
                 "ratio-permuted": {**run, "test": {"mean": 0.66}}}  # fmt: skip
     size = {"test": {"mean": 0.8}}
     curves = {m: {"chosen": [size, size]} for m in ("distilled", "weight-delta", "cross-patch")}
-    verdicts = {"average": {"k0": {"dominated": False, "gain_at_cost": 0.0}, "k1": {"dominated": True,
-                                                                                  "gain_at_cost": 0.2}}}  # fmt: skip
+    routed = {"average": [{"gain_over_hull": 0.1}, {"gain_over_hull": -0.05}, {"gain_over_hull": None}]}
     return {
         "skills": {"retained": "copy", "target": "reverse", "held_out": "flip"},
         "atlantis": {
@@ -26,6 +25,6 @@ def demo_results() -> dict:
         },
         "adapt": {
             "transfer": {"large_instruct": {"curves": curves}, "large_bracket": {"curves": curves}},
-            "routing": {"distilled": {"dominance": verdicts}, "weight-delta": {"dominance": verdicts}},
+            "routing": {"distilled": {"routed": routed}, "weight-delta": {"routed": routed}},
         },
     }
