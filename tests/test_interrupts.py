@@ -136,7 +136,7 @@ def test_an_interrupted_lab_experiment_keeps_finished_runs_and_resumes_from_them
         ran.append(family)
         if len(ran) == 2 and family == 1:  # the first run of the command: stopped during its second family
             os.kill(os.getpid(), signal.SIGTERM)
-        kept = {"record_version": AtlasControls.record_version, "family": family}
+        kept = {"record_version": AtlasControlsRuns.record_version, "family": family}
         write_json(Path(self.settings.records) / str(family) / f"{run}.json", kept)
         return kept
 

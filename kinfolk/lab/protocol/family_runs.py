@@ -4,7 +4,7 @@ A `FamilyRunsExperiment`'s settings (a `kinfolk.lab.protocol.settings.FamilySett
 per family and `records` folder; one run's raw record is kept under the key `record_key(family, run)`
 (`records/<family>/<run>.json`, `kinfolk.lab.protocol.records.kept_record`), written by the maker
 (`family_runs()`, whose `record(family, run)` returns None while another process holds part of the run) once whole,
-and read back when its `record_version` is the experiment's. A maker whose run is one piece of work subclasses
+and read back when its `record_version` is the maker's. A maker whose run is one piece of work subclasses
 `ClaimedFamilyRuns` and says in `make` what a run is.
 
 >>> record_key(0, 1)
@@ -32,8 +32,7 @@ def record_key(family: int, run: int) -> str:
 class FamilyRunsExperiment(Experiment):
     """Units are `settings.families`, each with `settings.runs` runs, their records kept under `settings.records`."""
 
-    record_version: ClassVar[int]
-    family_runs_class: ClassVar[type]  # made from the settings; `record(family, run) -> dict | None`
+    family_runs_class: ClassVar[type]  # made from the settings; `record(family, run) -> dict | None`, `record_version`
 
     def family_runs(self) -> Any:
         """The maker of this experiment's runs."""
@@ -46,7 +45,7 @@ class FamilyRunsExperiment(Experiment):
         return self.settings.runs
 
     def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
-        kept = kept_record(self.settings.records, record_key(unit, run), self.record_version)
+        kept = kept_record(self.settings.records, record_key(unit, run), self.family_runs_class.record_version)
         return kept or self.family_runs().record(unit, run)
 
     def load_run(self, unit: int, run: int) -> Mapping[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.experiments.adapt_controls.runs import RECORD_VERSION, AdaptControlsRuns
+from kinfolk.lab.experiments.adapt_controls.runs import AdaptControlsRuns
 from kinfolk.lab.experiments.adapt_controls.settings import METHODS, ControlsSettings
 from kinfolk.lab.methods.adapt.settings import ROUTED
 from kinfolk.lab.methods.selection import (
@@ -46,7 +46,6 @@ class AdaptControls(FamilyRunsExperiment):
     name = "adapt-controls"
     version = "3"
     settings_class = ControlsSettings
-    record_version = RECORD_VERSION
     family_runs_class = AdaptControlsRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:

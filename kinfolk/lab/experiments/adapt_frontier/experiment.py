@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.lab.experiments.adapt_frontier.runs import RECORD_VERSION, AdaptFrontierRuns
+from kinfolk.lab.experiments.adapt_frontier.runs import AdaptFrontierRuns
 from kinfolk.lab.experiments.adapt_frontier.settings import BASE_SFT_FORMATS, METHODS, FrontierSettings
 from kinfolk.lab.methods.adapt.settings import ROUTED, largest_drop
 from kinfolk.lab.methods.selection import (
@@ -63,7 +63,6 @@ class AdaptFrontier(FamilyRunsExperiment):
     name = "adapt-frontier"
     version = "4"
     settings_class = FrontierSettings
-    record_version = RECORD_VERSION
     family_runs_class = AdaptFrontierRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.experiments.atlantis_controls.runs import RECORD_VERSION, AtlantisControlsRuns, grid_key
+from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns, grid_key
 from kinfolk.lab.experiments.atlantis_controls.settings import ControlsSettings
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment
@@ -83,7 +83,6 @@ class AtlantisControls(FamilyRunsExperiment):
     name = "atlantis-controls"
     version = "3"
     settings_class = ControlsSettings
-    record_version = RECORD_VERSION
     family_runs_class = AtlantisControlsRuns
 
     def primaries(self) -> list[PrimaryEndpoint]:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kinfolk.lab.experiments.atlas_controls.runs import RECORD_VERSION, AtlasControlsRuns
+from kinfolk.lab.experiments.atlas_controls.runs import AtlasControlsRuns
 from kinfolk.lab.experiments.atlas_controls.settings import OTHER_SOURCES, SOURCES, ControlsSettings
 from kinfolk.lab.methods.atlas.runs import run_name
 from kinfolk.lab.methods.selection import best_score, drift, levels, lowest_drift
@@ -57,7 +57,6 @@ class AtlasControls(FamilyRunsExperiment):
     name = "atlas-controls"
     version = "3"
     settings_class = ControlsSettings
-    record_version = RECORD_VERSION
     family_runs_class = AtlasControlsRuns
 
     def _others(self) -> list[str]:

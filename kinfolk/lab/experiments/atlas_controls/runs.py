@@ -30,6 +30,8 @@ SPLITS = ("validation", "test")
 class AtlasControlsRuns:
     """The runs of the settings' families, made or read back; `None` for anything another process holds."""
 
+    record_version = RECORD_VERSION
+
     def __init__(self, settings: ControlsSettings):
         self.settings = settings
         self.work, self.records = Path(settings.work), Path(settings.records)
