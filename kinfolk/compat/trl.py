@@ -42,6 +42,17 @@ def label_log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> t
     return picked * mask, mask
 
 
+@torch.no_grad()
+def chunked_nll_metrics(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The counts TRL 1.14's `loss_type="chunked_nll"` forward returns beside its loss and `SFTTrainer.compute_loss`
+    logs (entropy, token accuracy), from (B, T, V) logits and the (B, T-1) label mask."""
+    shifted = logits[:, :-1].float()
+    log_probs = torch.log_softmax(shifted, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    correct = (shifted.argmax(-1) == labels[:, 1:]) & mask
+    return {"num_valid_tokens": mask.sum(), "entropy_sum": (entropy * mask).sum(), "num_correct_tokens": correct.sum()}
+
+
 def _scaled_log_probs(hidden, weight, bias, scale, softcap, temperature) -> torch.Tensor:
     """Log-softmax of a head's logits transformed as the model does: × scale, soft-capped, ÷ temperature."""
     logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float()) * scale
