@@ -193,6 +193,11 @@ def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_co
         reasons.append("`compute_loss_func` replaces the loss with one that knows nothing of the weights")
     if args.label_smoothing_factor > 0:
         reasons.append("`label_smoothing_factor` > 0 computes the loss from full logits, without the weights")
+    if args.use_liger_kernel and not FUSED_KERNELS:
+        reasons.append(
+            "`use_liger_kernel=True` on TRL < 1.15: liger's fused_linear_cross_entropy is not supported, since that "
+            "TRL takes liger's loss, which knows nothing of the weights (TRL >= 1.15 keeps its fused LM head)"
+        )
     if args.loss_type == "dft":
         reasons.append("`loss_type='dft'` rescales each token by its own probability; use 'nll'")
     if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):
