@@ -29,15 +29,18 @@ def test_pyproject_lower_bounds_are_the_oldest_cell_and_no_upper_bound_stands():
 
 
 def test_a_version_outside_the_window_gets_one_line_naming_package_version_and_window(monkeypatch, caplog):
-    monkeypatch.setattr(compat, "installed_version", lambda package: {"trl": "1.13.0", "peft": "0.21.2"}[package])
-    compat.warn_if_outside_window.cache_clear()
+    stack = {package: version for package, version in compat.cells()["newest"]["pins"].items()}
+    stack |= {"trl": "1.13.0", "torch": "2.15.0+cpu", "peft": "0.21.3"}  # peft: a patch of the newest, inside
+    monkeypatch.setattr(compat, "installed_version", stack.__getitem__)
+    compat.warn_about_versions_outside_window.cache_clear()
     with caplog.at_level(logging.WARNING, logger="kinfolk.compat"):
-        compat.warn_if_outside_window("trl")
-        compat.warn_if_outside_window("trl")  # once per process
-        compat.warn_if_outside_window("peft")  # inside: nothing
-    compat.warn_if_outside_window.cache_clear()
-    assert [record.getMessage() for record in caplog.records] == [
-        "kinfolk: warning: trl 1.13.0 is outside kinfolk's tested window (1.14.1 to 1.16.x); see docs/compatibility.md"
+        compat.warn_about_versions_outside_window()
+        compat.warn_about_versions_outside_window()  # once per process
+    compat.warn_about_versions_outside_window.cache_clear()
+    assert sorted(record.getMessage() for record in caplog.records) == [
+        "kinfolk: warning: torch 2.15.0+cpu is outside kinfolk's tested window (2.13.0 to 2.14.x); see "
+        "docs/compatibility.md",
+        "kinfolk: warning: trl 1.13.0 is outside kinfolk's tested window (1.14.1 to 1.16.x); see docs/compatibility.md",
     ]
 
 

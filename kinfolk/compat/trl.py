@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from kinfolk.compat import at_least, warn_if_outside_window
+from kinfolk.compat import at_least, warn_about_versions_outside_window
 from kinfolk.tokens import IGNORE_INDEX
 
-warn_if_outside_window("trl")
+warn_about_versions_outside_window()
 
 FUSED_KERNELS_SINCE = "1.15.0"
 FUSED_KERNELS = at_least("trl", FUSED_KERNELS_SINCE)
