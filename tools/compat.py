@@ -102,7 +102,9 @@ def installed(python: Path) -> dict[str, str]:
 def run_subset(name: str, cell: dict, subset: dict, python: Path, workers: int) -> Outcome:
     report = CACHE / name / "junit.xml"
     parallel = ["-p", "no:xdist"] if workers <= 1 else ["-n", str(workers), "--dist", "loadgroup"]
-    command = [str(python), "-m", "pytest", *parallel, "-q", "-m", subset["markers"], f"--junitxml={report}"]
+    # the cell's own temporary folder: the last run's files stay there to read, and cells never share one
+    basetemp = f"--basetemp={CACHE / name / 'tmp'}"
+    command = [str(python), "-m", "pytest", *parallel, "-q", "-m", subset["markers"], f"--junitxml={report}", basetemp]
     variables = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     variables.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     print(f"test-compat: {name}: pytest {' '.join(subset['tests'])}", flush=True)
