@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -113,14 +114,12 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))
     except subprocess.CalledProcessError as failed:
         return failed.returncode
-    except Interrupted as interrupted:  # the launched processes stop too (a checkpoint in progress stays staged)
-        _stop_children(interrupted.signum)
-        raise
-    except SystemExit as exit:  # accelerate >= 1.16 has stopped them itself, then exits 128 + the signal
-        signum = launcher_signal(exit)
+    except (Interrupted, SystemExit) as stopped:  # accelerate >= 1.16 stops them itself and exits 128 + the signal
+        signum = stopped.signum if isinstance(stopped, Interrupted) else launcher_signal(stopped)
         if signum is None:
             raise
-        _stop_children(signum)
+        _stop_children(signum)  # the launched processes stop too (a checkpoint in progress stays staged)
+        print(file=sys.stderr, flush=True)  # they may have stopped mid-line (a progress bar): the verb's line is whole
         raise Interrupted(signum) from None
     finally:
         os.environ.pop(LAUNCHED_ENV, None)
