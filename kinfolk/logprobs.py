@@ -2,7 +2,8 @@
 
 The numbers come from TRL's fused LM head (`trl.trainer.utils.add_fused_lm_head`), the same kernel the
 SFT trainer optimises, so a score and a training loss on the same tokens agree exactly; it handles logit
-scaling and Gemma's soft-capping. Labels follow TRL's convention: `-100` marks positions with no loss,
+scaling and Gemma's soft-capping. TRL 1.14 has no fused head (`kinfolk.compat.trl`): there the numbers come
+from the model's logits, as that version's SFT trainer computes its loss. Labels follow TRL's convention: `-100` marks positions with no loss,
 and `log_probs[:, t]` scores `labels[:, t + 1]`.
 
 >>> import torch
@@ -20,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from trl.trainer.utils import add_fused_lm_head
 
+from kinfolk.compat.trl import FUSED_KERNELS, label_log_probs_from_logits
 from kinfolk.layout import base_model
 from kinfolk.tokens import IGNORE_INDEX
 
@@ -34,6 +35,8 @@ def has_fused_lm_head(model: nn.Module) -> bool:
 def enable_fused_lm_head(model: nn.Module) -> nn.Module:
     """Patch `model` (or a PEFT model's base) with TRL's fused head once; generation is unaffected."""
     if not has_fused_lm_head(model):
+        from trl.trainer.utils import add_fused_lm_head  # TRL >= 1.15 (FUSED_KERNELS)
+
         add_fused_lm_head(base_model(model), outputs=("log_probs",))
     return model
 
@@ -65,6 +68,9 @@ def label_log_probs(
     Differentiable (gradients flow as in training); wrap in `torch.inference_mode()` for scoring.
     `forward_kwargs` pass through to the model (e.g. `position_ids` for padding-free batches).
     """
+    if not FUSED_KERNELS:
+        outputs = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
+        return label_log_probs_from_logits(outputs.logits, labels)
     enable_fused_lm_head(model)
     outputs = model(
         input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **forward_kwargs

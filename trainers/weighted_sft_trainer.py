@@ -62,6 +62,7 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
+from kinfolk.compat.trl import FUSED_KERNELS, label_log_probs_from_logits
 from kinfolk.data import load_data
 from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.launch_check import warn_if_fewer_processes
@@ -91,19 +92,37 @@ class _WeightedLogProbs:
     `SFTTrainer.compute_loss` reduces Σ(−log_probs) / N and logs entropy, token accuracy and token counts from the
     same outputs; handed log-probs already multiplied by W·N/D it returns Σ W·ℓ / D and keeps every TRL metric.
     On the way it keeps Σ M·ℓ (detached), the numerator of the unweighted loss, with M = `token_mass`.
+
+    TRL 1.14 (`kinfolk.compat.trl.FUSED_KERNELS` false) calls the model without the fused head and takes the
+    model's own loss, its metrics from the logits: there the call's loss becomes Σ W·(N/D)·ℓ / N itself (`count`
+    is N), with the log-probs from the logits and the model's MoE auxiliary loss added as the model adds it.
     """
 
-    def __init__(self, model: torch.nn.Module, weights: torch.Tensor, token_mass: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, weights: torch.Tensor, token_mass: torch.Tensor, count: torch.Tensor):
         self.model = model
         self.weights = weights
         self.token_mass = token_mass
+        self.count = count
         self.unweighted_nll_sum: torch.Tensor | None = None
 
     def __call__(self, *args, **kwargs):
+        if not FUSED_KERNELS and "labels" in kwargs:
+            return self._weighted_model_loss(*args, **kwargs)
         outputs = self.model(*args, **kwargs)
         if kwargs.get("fused_lm_head"):
             self.unweighted_nll_sum = -(outputs.log_probs.detach() * self.token_mass).sum()
             outputs.log_probs = outputs.log_probs * self.weights
+        return outputs
+
+    def _weighted_model_loss(self, *args, labels: torch.Tensor, num_items_in_batch=None, **kwargs):
+        outputs = self.model(*args, **kwargs)  # without labels: the model computes no loss of its own
+        log_probs, _ = label_log_probs_from_logits(outputs.logits, labels)
+        self.unweighted_nll_sum = -(log_probs.detach() * self.token_mass).sum()
+        loss = -(log_probs * self.weights).sum() / self.count.clamp(min=1)
+        if kwargs.get("output_router_logits") and getattr(outputs, "aux_loss", None) is not None:
+            config = self.model.config.get_text_config()
+            loss = loss + getattr(config, "router_aux_loss_coef", 0.0) * outputs.aux_loss.to(loss.device)
+        outputs["loss"] = loss
         return outputs
 
 
@@ -428,7 +447,7 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
             normalizer = stats[STAT[NORMALIZER[self.args.weight_reduction]]]
         count = torch.as_tensor(count, dtype=weights.dtype, device=weights.device)
         scale = torch.where(normalizer > 0, count / normalizer, torch.zeros_like(count))
-        weighted_model = _WeightedLogProbs(model, weights * scale, token_mass)
+        weighted_model = _WeightedLogProbs(model, weights * scale, token_mass, count)
         result = super().compute_loss(
             weighted_model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 from kinfolk import console
 from kinfolk.atomic import staging_path
 from kinfolk.commands.parsing import config_file, did_you_mean
+from kinfolk.compat.accelerate import launcher_signal
 from kinfolk.errors import CheckpointError, InputError, MissingInputError
 from kinfolk.interrupt import LAUNCHED_ENV, Interrupted
 
@@ -98,6 +99,12 @@ def launch(module: str, argv: list[str], config_remaining: list[str], cli_remain
     except Interrupted as interrupted:  # the launched processes stop too (a checkpoint in progress stays staged)
         _stop_children(interrupted.signum)
         raise
+    except SystemExit as exit:  # accelerate >= 1.16 has stopped them itself, then exits 128 + the signal
+        signum = launcher_signal(exit)
+        if signum is None:
+            raise
+        _stop_children(signum)
+        raise Interrupted(signum) from None
     finally:
         os.environ.pop(LAUNCHED_ENV, None)
     return 0

@@ -1,7 +1,8 @@
 """The divergence kernels: an LM head as the kernels see it, float64 normalisers, and TRL's chunked divergence.
 
 Nothing here knows where the frozen distribution comes from (`sources`, `caches`): these functions take hidden
-states and heads and never build a (tokens × vocab) fp32 logit matrix at once.
+states and heads and never build a (tokens × vocab) fp32 logit matrix at once (on TRL 1.14, which has no chunked
+kernel, `kinfolk.compat.trl` builds one per token chunk).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 
+from kinfolk.compat.trl import chunked_divergence_function
 from kinfolk.layout import base_model
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
@@ -198,10 +199,11 @@ def chunked_divergence(
     if current_hidden.shape[0] != frozen_hidden.shape[0]:
         raise ValueError(f"token counts differ: {current_hidden.shape[0]} current, {frozen_hidden.shape[0]} frozen")
     beta = mixture_beta(kind, beta)
+    divergence_function = chunked_divergence_function()
     pieces = []
     for start in range(0, current_hidden.shape[0], token_chunk_size):
         end = start + token_chunk_size
-        divergence, _ = ChunkedDivergenceFunction.apply(
+        divergence, _ = divergence_function(
             current_hidden[start:end],
             current_head.weight,
             current_head.bias,
