@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 import torch
+from axolotl.core.trainers.base import AxolotlTrainer
+from axolotl.integrations.base import PluginManager
 from axolotl_helpers import (
     alpaca_rows,
     build_trainer,
@@ -18,8 +20,6 @@ from axolotl_helpers import (
     write_config,
     write_rows,
 )
-from axolotl.core.trainers.base import AxolotlTrainer
-from axolotl.integrations.base import PluginManager
 
 from kinfolk.trainers.weighted_sft_data import LOSS_WEIGHTS, TOKEN_COLUMNS, TOKEN_MASS, WEIGHT_STATS
 
