@@ -16,7 +16,7 @@ weight_reduction
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kinfolk.divergence import CACHES, DIVERGENCES
 from kinfolk.plugins.atlas.config import ATLAS_DTYPES, RESIDUALS
@@ -27,6 +27,15 @@ def _one_of(name: str, value: str, allowed) -> str:
     if value not in allowed:
         raise ValueError(f"kinfolk.{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
     return value
+
+
+def _choices(prefix: str, table: dict[str, tuple[str, ...]]):
+    """A validator of the fields `table` names: each value must be one of its field's choices."""
+
+    def check(cls, value: str, info: ValidationInfo) -> str:
+        return _one_of(prefix + info.field_name, value, table[info.field_name])
+
+    return field_validator(*table)(classmethod(check))
 
 
 class _Block(BaseModel):
@@ -50,15 +59,7 @@ class AtlasOptions(_Block):
     fit_max_length: int = Field(default=1024, ge=1, description="Retained rows are cut to this many tokens.")
     seed: int = Field(default=0, description="Seed of the atlas k-means.")
 
-    @field_validator("residual")
-    @classmethod
-    def _residual(cls, value: str) -> str:
-        return _one_of("atlas.residual", value, RESIDUALS)
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, value: str) -> str:
-        return _one_of("atlas.dtype", value, tuple(ATLAS_DTYPES))
+    _check_choices = _choices("atlas.", {"residual": RESIDUALS, "dtype": tuple(ATLAS_DTYPES)})
 
 
 class RetainedKLOptions(_Block):
@@ -74,20 +75,9 @@ class RetainedKLOptions(_Block):
     samples: int | None = Field(default=None, ge=1, description="Measure on the first N retained rows.")
     measure_at_start: bool = Field(default=True, description="Measure before the first step (0 for an adapter).")
 
-    @field_validator("cache")
-    @classmethod
-    def _cache(cls, value: str) -> str:
-        return _one_of("retained_kl.cache", value, CACHES)
-
-    @field_validator("divergence")
-    @classmethod
-    def _divergence(cls, value: str) -> str:
-        return _one_of("retained_kl.divergence", value, DIVERGENCES)
-
-    @field_validator("positions")
-    @classmethod
-    def _positions(cls, value: str) -> str:
-        return _one_of("retained_kl.positions", value, ("response", "all"))
+    _check_choices = _choices(
+        "retained_kl.", {"cache": CACHES, "divergence": DIVERGENCES, "positions": ("response", "all")}
+    )
 
 
 class TargetOptions(_Block):
@@ -116,10 +106,7 @@ class KinfolkOptions(_Block):
     retained_kl: RetainedKLOptions | None = None
     target: TargetOptions | None = None
 
-    @field_validator("weight_reduction")
-    @classmethod
-    def _reduction(cls, value: str) -> str:
-        return _one_of("weight_reduction", value, WEIGHT_REDUCTIONS)
+    _check_choices = _choices("", {"weight_reduction": WEIGHT_REDUCTIONS})
 
     @model_validator(mode="after")
     def _consistent(self) -> KinfolkOptions:

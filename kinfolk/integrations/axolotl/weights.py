@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import axolotl.utils.data  # noqa: F401  before axolotl.datasets, which cannot be imported first (axolotl's own circle)
 from axolotl.datasets import TokenizedPromptDataset
 from axolotl.utils.collators import DataCollatorForSeq2Seq
 from datasets import Dataset
