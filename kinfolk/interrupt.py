@@ -8,7 +8,9 @@ lab's trained models and finished families, the trainers' published checkpoints)
 cleanup runs are ignored. A verb states what its interruption keeps with `keep(...)` before its long work;
 `kinfolk.commands.run` installs the handlers (`catch_signals`) and prints the line (`interrupted_line`), which
 names the run's side log when one was opened (`kinfolk.console.quiet` reports it with `log_to`): what the
-libraries said before the signal is there.
+libraries said before the signal is there. A verb that runs `accelerate launch` (`kinfolk sft`, `kinfolk distil`)
+prints the same line under every accelerate of the tested window: from 1.16 the launcher handles the signal itself
+and exits, and `kinfolk.compat.accelerate` turns that exit back into `Interrupted`.
 
 >>> start_run()  # what `kinfolk.commands.run` does first: no earlier verb's keep or log
 >>> keep("the score cache: every chunk scored so far")

@@ -7,6 +7,7 @@ import torch
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from kinfolk.compat.trl import FUSED_KERNELS
 from kinfolk.logprobs import label_log_probs
 from kinfolk.testing import build_model, prompt_completion_dataset
 from kinfolk.tokens import IGNORE_INDEX
@@ -78,6 +79,16 @@ def batch_loss_and_grads(trainer, rows=None, num_items_in_batch=None):
 
 def parameters(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+# The weighted trainer with unit weights against SFTTrainer: bit for bit where both reduce TRL's fused head's
+# log-probs (TRL >= 1.15); on TRL 1.14, whose SFTTrainer computes its loss in chunks of hidden states while kinfolk
+# computes log-probs from the logits (kinfolk.compat.trl), to float32 rounding.
+IDENTITY_REL = 0.0 if FUSED_KERNELS else 1e-6
+
+
+def assert_same_loss(loss: torch.Tensor, expected: torch.Tensor) -> None:
+    assert abs(float(loss - expected)) <= IDENTITY_REL * abs(float(expected)), (float(loss), float(expected))
 
 
 def assert_same_tensors(left: dict, right: dict, scale: float = 1.0, rel: float = 0.0):

@@ -137,7 +137,7 @@ def test_churn_from_lm_eval_sample_logs(allow_code, tmp_path):
 def test_code_tasks_refuse_without_opt_in(monkeypatch):
     monkeypatch.delenv(ALLOW_ENV, raising=False)
     with pytest.raises(CodeExecutionNotAllowed):
-        kinfolk_tasks().load(["kinfolk_mbpp_sample"])
+        kinfolk_tasks().load_task_or_group(["kinfolk_mbpp_sample"])  # public in lm-eval 0.4.11 and 0.4.13
 
 
 def test_local_files_and_bad_sources(tmp_path):

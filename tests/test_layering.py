@@ -3,7 +3,7 @@
 Every `import` in the installed package is read with `ast` (those inside functions too, where upward imports hide)
 and checked against the layer of the importing module:
 
-1. foundations (kinfolk's shared cores: tokens, logprobs, layout, atomic, tensors, stats, divergence, data, ...)
+1. foundations (kinfolk's shared cores: tokens, logprobs, layout, atomic, tensors, stats, divergence, data, compat, ...)
    import no kinfolk component and no app;
 2. components (plugins, trainers, callbacks, eval_tasks) import foundations, never an app, and another component
    only along a listed edge of a method's own pipeline;

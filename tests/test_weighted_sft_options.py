@@ -26,6 +26,8 @@ from weighted_sft_options_helpers import (
     rows,
 )
 
+from kinfolk.compat.trl import FUSED_KERNELS
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "atlantis.md"
 
 
@@ -35,6 +37,14 @@ def test_an_option_that_keeps_the_weights(tiny_tokenizer, tmp_path, name):
     assert_identity_and_doubling(tiny_tokenizer, tmp_path, BY_NAME[name])
 
 
+@pytest.mark.skipif(FUSED_KERNELS, reason="TRL >= 1.15 keeps its fused head under liger (the test below)")
+def test_liger_is_refused_on_trl_1_14_whose_sft_trainer_takes_liger_s_loss(tiny_tokenizer, tmp_path):
+    option = BY_NAME["use_liger_kernel=True"]
+    with pytest.raises(ValueError, match=r"use_liger_kernel=True. on TRL < 1\.15: liger's fused_linear_cross_entropy"):
+        weighted_trainer(tiny_tokenizer, rows(option.data, [1.0] * ROWS), tmp_path, **option.options)
+
+
+@pytest.mark.skipif(not FUSED_KERNELS, reason="TRL 1.14 takes liger's loss: refused (the test above)")
 def test_liger_keeps_the_fused_head_whose_log_probs_carry_the_weights(tiny_tokenizer, tmp_path):
     """On CPU liger-kernel cannot run (Triton); what kinfolk relies on is checked on the loss it computes."""
     option = BY_NAME["use_liger_kernel=True"]
@@ -66,10 +76,11 @@ def test_an_option_that_would_lose_the_weights_is_refused_by_name(tiny_tokenizer
 
 def test_activation_offloading_fails_in_trl_on_cpu(tiny_tokenizer, tmp_path):
     """Its row says "GPU check" because TRL cannot build its offloading context without an accelerator device; if
-    this starts to pass on CPU, the row should become a trained identity-and-doubling test."""
+    this starts to pass on CPU, the row should become a trained identity-and-doubling test. A CUDA build of torch
+    (PyPI's, on Python 3.12 / 3.13) fails in the CUDA runtime instead of on the missing device's attribute."""
     option = BY_NAME["activation_offloading=True"]
     assert not torch.cuda.is_available()
-    with pytest.raises(AttributeError):
+    with pytest.raises(torch.AcceleratorError if torch.version.cuda else AttributeError):
         weighted_trainer(tiny_tokenizer, rows(option.data, [1.0] * ROWS), tmp_path, **option.options)
 
 

@@ -199,7 +199,7 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
         **kwargs,
     ):
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
+            name = model if isinstance(model, str) else model.config.name_or_path
             args = LayerDistillationConfig(f"{Path(str(name)).name}-distilled")
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("LayerDistillationTrainer computes its own loss; compute_loss_func is not supported")

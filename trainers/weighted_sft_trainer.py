@@ -62,7 +62,7 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
-from kinfolk.compat.trl import FUSED_KERNELS, label_log_probs_from_logits
+from kinfolk.compat.trl import FUSED_KERNELS, chunked_nll_metrics, label_log_probs_from_logits
 from kinfolk.data import load_data
 from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.launch_check import warn_if_fewer_processes
@@ -116,7 +116,9 @@ class _WeightedLogProbs:
 
     def _weighted_model_loss(self, *args, labels: torch.Tensor, num_items_in_batch=None, **kwargs):
         outputs = self.model(*args, **kwargs)  # without labels: the model computes no loss of its own
-        log_probs, _ = label_log_probs_from_logits(outputs.logits, labels)
+        log_probs, mask = label_log_probs_from_logits(outputs.logits, labels)
+        for name, value in chunked_nll_metrics(outputs.logits, labels, mask).items():
+            outputs[name] = value  # what TRL 1.14's loss_type="chunked_nll" (its default) reads its metrics from
         self.unweighted_nll_sum = -(log_probs.detach() * self.token_mass).sum()
         loss = -(log_probs * self.weights).sum() / self.count.clamp(min=1)
         if kwargs.get("output_router_logits") and getattr(outputs, "aux_loss", None) is not None:
@@ -191,6 +193,11 @@ def _reject_unsupported(args: WeightedSFTConfig, compute_loss_func: Any, data_co
         reasons.append("`compute_loss_func` replaces the loss with one that knows nothing of the weights")
     if args.label_smoothing_factor > 0:
         reasons.append("`label_smoothing_factor` > 0 computes the loss from full logits, without the weights")
+    if args.use_liger_kernel and not FUSED_KERNELS:
+        reasons.append(
+            "`use_liger_kernel=True` on TRL < 1.15: liger's fused_linear_cross_entropy is not supported, since that "
+            "TRL takes liger's loss, which knows nothing of the weights (TRL >= 1.15 keeps its fused LM head)"
+        )
     if args.loss_type == "dft":
         reasons.append("`loss_type='dft'` rescales each token by its own probability; use 'nll'")
     if (args.dataset_kwargs or {}).get("skip_prepare_dataset"):

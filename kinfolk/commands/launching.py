@@ -83,14 +83,31 @@ def without_config_defaults(launch_args: list[str]) -> list[str]:
     return [*launch_args, *(item for flag, value in defaults.items() if flag not in given for item in (flag, value))]
 
 
+def without_in_order(argv: list[str], taken: list[str]) -> list[str]:
+    """`argv` less the tokens of `taken`, matched in order (how `trl sft` splits its own arguments from
+    `accelerate launch`'s: the launcher's options leave, the script's stay, repeated values included).
+
+    >>> without_in_order(["--lr", "1", "--num_processes", "1", "--seed", "1"], ["--num_processes", "1"])
+    ['--lr', '1', '--seed', '1']
+    """
+    pending = iter(taken)
+    current = next(pending, None)
+    kept = []
+    for token in argv:
+        if current is not None and token == current:
+            current = next(pending, None)
+        else:
+            kept.append(token)
+    return kept
+
+
 def launch(module: str, argv: list[str], config_remaining: list[str], cli_remaining: list[str]) -> int:
     """`accelerate launch --module MODULE` with the verb's own arguments; returns the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
-    from trl.cli.commands.training import _subtract_subsequence  # how `trl sft` splits its own arguments
 
     launch_args = without_config_defaults(resolve_accelerate_config_argument(config_remaining + cli_remaining))
-    script_args = _subtract_subsequence(argv, cli_remaining)
+    script_args = without_in_order(argv, cli_remaining)
     os.environ[LAUNCHED_ENV] = "1"  # inherited by the launched processes: the launcher alone reports a signal
     try:
         launch_command(launch_command_parser().parse_args([*launch_args, "--module", module, *script_args]))

@@ -6,7 +6,8 @@ kinfolk works the same on every version; where a library changed, its module her
 `kinfolk.compat.accelerate`) names the version it switches on and holds both sides.
 
 A version outside the window (older than the oldest cell's, or of a minor release past the newest cell's) gets
-one warning line on first use, naming the package, its version and the window, from the `kinfolk.compat` logger:
+one warning line on kinfolk's first use of its libraries, naming the package, its version and the window, from
+the `kinfolk.compat` logger:
 
 >>> window("trl")
 Window(package='trl', oldest='1.14.1', newest='1.16.0')
@@ -73,12 +74,17 @@ def installed_version(package: str) -> str:
 
 
 @functools.cache
-def warn_if_outside_window(package: str) -> None:
-    """Log the one warning line for the installed `package` when its version is outside the window (once per
-    process: a compatibility module calls this when it is imported)."""
-    line = outside_window(package, installed_version(package))
-    if line is not None:
-        logger.warning("kinfolk: warning: %s", line)
+def warn_about_versions_outside_window() -> None:
+    """Log one warning line for each installed package of the window whose version lies outside it (once per
+    process: the compatibility modules call this when they are imported, i.e. on kinfolk's first use of its
+    libraries)."""
+    for package in cells()["oldest"]["pins"]:
+        try:
+            line = outside_window(package, installed_version(package))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if line is not None:
+            logger.warning("kinfolk: warning: %s", line)
 
 
 def at_least(package: str, version: str) -> bool:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import signal
 
-from kinfolk.compat import at_least, warn_if_outside_window
+from kinfolk.compat import at_least, warn_about_versions_outside_window
 
-warn_if_outside_window("accelerate")
+warn_about_versions_outside_window()
 
 LAUNCHER_HANDLES_SIGNALS_SINCE = "1.16.0"
 LAUNCHER_HANDLES_SIGNALS = at_least("accelerate", LAUNCHER_HANDLES_SIGNALS_SINCE)

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from kinfolk.compat import at_least, warn_if_outside_window
+from kinfolk.compat import at_least, warn_about_versions_outside_window
 from kinfolk.tokens import IGNORE_INDEX
 
-warn_if_outside_window("trl")
+warn_about_versions_outside_window()
 
 FUSED_KERNELS_SINCE = "1.15.0"
 FUSED_KERNELS = at_least("trl", FUSED_KERNELS_SINCE)
@@ -40,6 +40,17 @@ def label_log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> t
     log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     picked = log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return picked * mask, mask
+
+
+@torch.no_grad()
+def chunked_nll_metrics(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The counts TRL 1.14's `loss_type="chunked_nll"` forward returns beside its loss and `SFTTrainer.compute_loss`
+    logs (entropy, token accuracy), from (B, T, V) logits and the (B, T-1) label mask."""
+    shifted = logits[:, :-1].float()
+    log_probs = torch.log_softmax(shifted, dim=-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    correct = (shifted.argmax(-1) == labels[:, 1:]) & mask
+    return {"num_valid_tokens": mask.sum(), "entropy_sum": (entropy * mask).sum(), "num_correct_tokens": correct.sum()}
 
 
 def _scaled_log_probs(hidden, weight, bias, scale, softcap, temperature) -> torch.Tensor:
