@@ -89,7 +89,7 @@ def test_weights_give_weighted_sft_trainers_loss(tmp_path, model_dir, tiny_kit, 
     reference = WeightedSFTTrainer(
         model=model,
         args=WeightedSFTConfig(
-            tempfile.mkdtemp(), use_cpu=True, weight_reduction=reduction, report_to=[], max_steps=1, loss_type="nll"
+            tempfile.mkdtemp(), use_cpu=True, weight_reduction=reduction, report_to=[], max_steps=1
         ),
         train_dataset=prompt_completion_dataset(4).add_column("weight", [1.0] * 4),
         processing_class=tokenizer,
