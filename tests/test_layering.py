@@ -7,7 +7,8 @@ and checked against the layer of the importing module:
    import no kinfolk component and no app;
 2. components (plugins, trainers, callbacks, eval_tasks) import foundations, never an app, and another component
    only along a listed edge of a method's own pipeline;
-3. apps (the command line and its helpers, e.g. the drift report, and the lab) may import anything.
+3. apps (the command line and its helpers, e.g. the drift report, the lab, and the integrations into other tools such
+   as axolotl) may import anything.
 """
 
 import ast
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"kinfolk": "kinfolk", "plugins": "kinfolk.plugins", "trainers": "kinfolk.trainers",
            "callbacks": "kinfolk.callbacks", "eval_tasks": "kinfolk.eval_tasks"}  # fmt: skip
 COMPONENTS = ("kinfolk.plugins", "kinfolk.trainers", "kinfolk.callbacks", "kinfolk.eval_tasks")
-APPS = ("kinfolk.commands", "kinfolk.lab", "kinfolk.__main__")
+APPS = ("kinfolk.commands", "kinfolk.lab", "kinfolk.integrations", "kinfolk.__main__")
 # The package root registers the ATLAS tuner when PEFT is imported: `import kinfolk` must make adapters loadable.
 ROOT_EXCEPTIONS = {"kinfolk.plugins.atlas"}
 # Component -> component edges inside one method's pipeline, with the reason.
@@ -127,6 +128,8 @@ def test_the_rule_catches_upward_imports():
     assert not allowed("kinfolk.callbacks.churn", "kinfolk.lab.demo.report")  # component -> app
     assert allowed("kinfolk.commands.sft_atlas_options", "kinfolk.plugins.atlas.config")  # apps compose components
     assert allowed("kinfolk.plugins.adapt.plan", "kinfolk.plugins.adapt.checkpoint")  # inside one component
+    assert allowed("kinfolk.integrations.axolotl.plugin", "kinfolk.commands.sft_atlas_options")  # an app
+    assert not allowed("kinfolk.callbacks.retained_kl", "kinfolk.integrations.axolotl.args")  # component -> app
 
 
 # ------------------------------------------------------------------------------------------ import circles
