@@ -26,8 +26,8 @@ from sft_helpers import CPU_FP32
 
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.commands import main
-from kinfolk.commands.compare_runs import CompareRuns
 from kinfolk.compare import verdicts
+from kinfolk.compare.runs import CompareRuns
 from kinfolk.drift import Run
 from kinfolk.testing import build_model, prompt_completion_dataset
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
@@ -220,7 +220,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr("kinfolk.commands.compare_runs.AutoModelForCausalLM.from_pretrained", refuse)
+    monkeypatch.setattr("kinfolk.compare.runs.AutoModelForCausalLM.from_pretrained", refuse)
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,11 @@ import torch
 
 from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.real_atlas import corpus
 from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PRIMARY_LEVEL, RESIDUALS, RealAtlasSettings
 from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.methods.selection import checkpoints_at_levels
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.lab.world.training import lab_trainer

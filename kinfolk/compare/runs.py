@@ -1,7 +1,7 @@
 """How `kinfolk compare` trains one run: `kinfolk sft`'s trainer with the method, measured as it trains.
 
 A run is `WeightedSFTTrainer` on the target's training split at one learning rate and seed, for `--max_steps`
-steps, with the method's adapter or regulariser (`compare_options.METHODS`; ATLAS's options and fit are `kinfolk
+steps, with the method's adapter or regulariser (`kinfolk.compare.options.METHODS`; ATLAS's options and fit are `kinfolk
 sft`'s, `AtlasArguments`), and two callbacks measuring every `--eval_steps` steps from step 0 into the run's
 `drift.jsonl`: `RetainedKLCallback` (KL(frozen || current) on the retained KL split) and `TargetMetricCallback`
 (the target score, higher is better: minus the validation NLL per token by default, a user's function with
@@ -33,10 +33,10 @@ from kinfolk.callbacks.target_metric import (
     metric_function,
     validation_nll,
 )
-from kinfolk.commands.compare_options import CompareArguments
 from kinfolk.commands.drift_report import load_run
 from kinfolk.commands.sft_atlas_options import AtlasArguments
-from kinfolk.compare import RunKey, check_settings, run_keys
+from kinfolk.compare.grid import RunKey, check_settings, run_keys
+from kinfolk.compare.options import CompareArguments
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.drift import Run
 from kinfolk.errors import InputError

@@ -1,7 +1,7 @@
 """`CompareArguments`: the options of `kinfolk compare`, as `TrlParser`/YAML fields (`--config compare.yaml`).
 
 Checked as parsed (a value out of range is a one-line usage error, exit 2); what needs the files (splits, the
-model, the metric's module) is checked by `kinfolk.commands.compare_runs` before any model loads.
+model, the metric's module) is checked by `kinfolk.compare.runs` before any model loads.
 
 >>> args = CompareArguments(model_name_or_path="m", dataset_name="d", retained_dataset_name="r", out="o",
 ...                         methods=["lora", "lora_replay"], learning_rates=[1e-4], seeds=[0])
