@@ -20,8 +20,8 @@ from kinfolk.lazy import lazy_exports
 EXPORTS = {
     "kinfolk.compare.analysis": ("Analysis", "analyse"),
     "kinfolk.compare.grid": ("RunKey", "RunRecord", "check_settings", "read_record", "run_grid", "run_keys"),
-    "kinfolk.compare.selection": ("RateChoice", "choose_rate", "selection_level"),
-    "kinfolk.compare.verdicts": ("Verdict", "report_levels", "verdicts"),
+    "kinfolk.compare.selection": ("RateChoice", "choose_rate"),
+    "kinfolk.compare.verdicts": ("Verdict", "verdicts"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 __all__ = sorted(name for names in EXPORTS.values() for name in names)
