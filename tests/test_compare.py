@@ -26,9 +26,10 @@ from sft_helpers import CPU_FP32
 
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.commands import main
-from kinfolk.commands.compare_runs import CompareRuns
 from kinfolk.compare import verdicts
+from kinfolk.compare.runs import CompareRuns
 from kinfolk.drift import Run
+from kinfolk.drift.levels import gain_level
 from kinfolk.testing import build_model, prompt_completion_dataset
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
@@ -158,11 +159,20 @@ def test_the_grid_trains_every_run_once_and_a_rerun_trains_nothing(inputs, micro
     }
 
 
-def test_each_methods_rate_is_the_hand_computed_choice(micro):
-    found = curves(micro)
+def baseline_scale(found) -> tuple[float, float]:
+    """(start, reference) of the levels: lora's mean step-0 score, and the best over its rates of the lowest best
+    score among the rate's seeds."""
     lora = [curve for (method, _, _), curve in found.items() if method == "lora"]
     start = np.mean([curve[0][1] for curve in lora])
-    level = start + SELECTION_FRACTION * (max(max(t for _, t, _ in curve) for curve in lora) - start)
+    rates = {rate for method, rate, _ in found if method == "lora"}
+    best = {rate: min(max(t for _, t, _ in found["lora", rate, seed]) for seed in (0, 1)) for rate in rates}
+    return start, max(best.values())
+
+
+def test_each_methods_rate_is_the_hand_computed_choice(micro):
+    found = curves(micro)
+    start, reference = baseline_scale(found)
+    level = start + SELECTION_FRACTION * (reference - start)
     selection = report(micro)["selection"]
     assert selection["level"] == pytest.approx(level)
     for choice in selection["choices"]:
@@ -180,12 +190,11 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
     found, saved = curves(micro), report(micro)
     rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
     chosen = {m: [found[m, rates[m], seed] for seed in (0, 1)] for m in ("lora", "atlas")}
-    start = np.mean([curve[0][1] for curve in chosen["lora"]])
-    best = min(max(t for _, t, _ in curve) for curve in chosen["lora"])
+    start, reference = baseline_scale(found)  # the selection level's scale
     assert len(saved["verdicts"]) == len(LEVELS)
     reached = 0
     for fraction, verdict in zip(LEVELS, saved["verdicts"]):
-        level = start + fraction * (best - start)
+        level = start + fraction * (reference - start)
         assert verdict["level"] == pytest.approx(level)
         atlas = [drift_when_reached(curve, level) for curve in chosen["atlas"]]
         lora = [drift_when_reached(curve, level) for curve in chosen["lora"]]
@@ -212,7 +221,7 @@ def test_help_lists_every_option_with_its_help(capsys):
     shown = " ".join(capsys.readouterr().out.split())
     for option in ("--methods", "--learning_rates", "--seeds", "--eval_steps", "--metric", "--lm_eval_task"):
         assert option in shown
-    assert "lora_output_kl: LoRA plus Output-KL" in shown
+    assert "lora_output_kl: LoRA plus Output-KL" in shown and "osf: OSF" in shown
 
 
 @pytest.fixture
@@ -220,7 +229,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr("kinfolk.commands.compare_runs.AutoModelForCausalLM.from_pretrained", refuse)
+    monkeypatch.setattr("kinfolk.compare.runs.AutoModelForCausalLM.from_pretrained", refuse)
 
 
 @pytest.mark.parametrize(
@@ -267,7 +276,8 @@ def test_five_seeds_give_a_t_interval_and_a_verdict_either_way():
         ([0.5, 0.55, 0.45, 0.6, 0.5], "less drift"),
         ([0.5, 2.0, 0.8, 1.5, 1.1], "not significant"),
     ):
-        (verdict,) = verdicts(runs(ratios), "lora", [0.5])
+        made = runs(ratios)
+        (verdict,) = verdicts(made, "lora", [gain_level(0.5, [[run for run in made if run.method == "lora"]])])
         logs = np.log(ratios)
         half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
         assert verdict.ratio == pytest.approx(math.exp(logs.mean()))

@@ -9,6 +9,8 @@
 >>> runs = dict([run("lora", 1e-3, 0, 0.04), run("lora", 1e-2, 0, 0.08),
 ...              run("atlas", 1e-3, 0, 0.03), run("atlas", 1e-2, 0, 0.02)])
 >>> analysis = analyse(runs, baseline="lora", selection_fraction=0.5, fractions=[0.5])
+>>> analysis.selection.describe()  # lora's reference: 2, the lowest best of its best-reaching rate's seeds
+"1 (50% of the baseline's gain, from 0 to 2)"
 >>> {choice.method: choice.rate for choice in analysis.choices}
 {'lora': 0.001, 'atlas': 0.01}
 >>> analysis.verdicts[0].line
@@ -21,9 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kinfolk.compare.grid import RunKey
-from kinfolk.compare.selection import RULE, RateChoice, choose_rate, selection_level
+from kinfolk.compare.selection import RULE, RateChoice, choose_rate
 from kinfolk.compare.verdicts import Verdict, verdicts
 from kinfolk.drift import Run
+from kinfolk.drift.levels import GainLevel, gain_level
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,24 @@ class Analysis:
     """What the report shows: the runs, each method's rate choice, the chosen runs and the verdicts."""
 
     baseline: str
-    selection_fraction: float
-    selection_level: float
+    selection: GainLevel  # the level the rates are chosen at
     rule: str
     choices: list[RateChoice]
-    fractions: list[float]
+    levels: list[GainLevel]  # the verdicts' levels, on the selection level's scale
     verdicts: list[Verdict]
     runs: dict[RunKey, Run]
+
+    @property
+    def selection_fraction(self) -> float:
+        return self.selection.fraction
+
+    @property
+    def selection_level(self) -> float:
+        return self.selection.value
+
+    @property
+    def fractions(self) -> list[float]:
+        return [level.fraction for level in self.levels]
 
     def chosen_runs(self) -> list[Run]:
         """The runs at each method's chosen rate, methods in grid order."""
@@ -53,15 +67,14 @@ def analyse(
     runs: Mapping[RunKey, Run], baseline: str, selection_fraction: float, fractions: Sequence[float]
 ) -> Analysis:
     """Choose each method's rate at the selection level, then judge every method against `baseline` at the chosen
-    rates, level by level."""
+    rates, level by level: every level on one scale, the baseline's gain over all its rates and seeds."""
     methods = list(dict.fromkeys(key.method for key in runs))
-    level = selection_level([run for key, run in runs.items() if key.method == baseline], selection_fraction)
-    choices = []
-    for method in methods:
-        by_rate: dict[float, list[Run]] = {}
-        for key, run in runs.items():
-            if key.method == method:
-                by_rate.setdefault(key.learning_rate, []).append(run)
-        choices.append(choose_rate(method, by_rate, level))
-    judged = verdicts(at_chosen_rates(runs, choices), baseline, fractions)
-    return Analysis(baseline, selection_fraction, level, RULE, choices, list(fractions), judged, dict(runs))
+    by_rate: dict[str, dict[float, list[Run]]] = {method: {} for method in methods}
+    for key, run in runs.items():
+        by_rate[key.method].setdefault(key.learning_rate, []).append(run)
+    baseline_groups = list(by_rate[baseline].values())
+    selection = gain_level(selection_fraction, baseline_groups)
+    levels = [gain_level(fraction, baseline_groups) for fraction in fractions]
+    choices = [choose_rate(method, by_rate[method], selection.value) for method in methods]
+    judged = verdicts(at_chosen_rates(runs, choices), baseline, levels)
+    return Analysis(baseline, selection, RULE, choices, levels, judged, dict(runs))

@@ -70,6 +70,7 @@ def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
             "choices": [asdict(choice) for choice in analysis.choices],
         },
         "fractions": analysis.fractions,
+        "levels": [asdict(level) for level in analysis.levels],
         "verdicts": [asdict(verdict) for verdict in analysis.verdicts],
         "runs": [
             {**asdict(key), "path": run.path, "checkpoints": sorted(run.checkpoints)}
@@ -87,8 +88,8 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
     lines += [
         "## Learning rates, chosen on validation",
         "",
-        f"Selection level: target {analysis.selection_level:.4g} ({analysis.selection_fraction:.0%} of "
-        f"{analysis.baseline}'s best gain over its rates and seeds). Rule: {analysis.rule}.",
+        f"Selection level: target {analysis.selection.describe()}; the verdicts' levels: "
+        f"{'; '.join(level.describe() for level in analysis.levels)}. Rule: {analysis.rule}.",
         "",
         "| method | rate | drift at the selection level | mean best score | chosen |",
         "|---|---|---|---|---|",

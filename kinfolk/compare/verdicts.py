@@ -1,8 +1,7 @@
 """One line per method and level: does the method drift less than the baseline on first reaching that target?
 
-The **report levels** are fractions of the baseline's gain at its chosen rate: start + fraction x (best - start),
-`best` the lowest of its seeds' best scores (so every baseline seed reaches each level) and `start` the mean
-step-0 score. At each level the runs of a method and of the baseline (their chosen rates) are compared by
+The levels are `kinfolk.drift.levels.GainLevel`s, fractions of the baseline's gain on the one scale the rate choice
+uses too (`kinfolk.compare.analysis` makes them). At each level the runs of a method and of the baseline (their chosen rates) are compared by
 `kinfolk.drift.target_matched` at that one level: per seed, ratio = drift(method) / drift(baseline), each read off
 its run's envelope; over seeds, their geometric mean and, from `kinfolk.stats.MIN_INTERVAL_UNITS` (5) paired
 seeds on, the exponentiated 95 % t-interval of the log ratios. The verdict is "less drift" or "more drift" when
@@ -10,9 +9,11 @@ that interval excludes 1, "not significant" when it holds 1 or when there are to
 reached" when a run would reach the level only by extrapolation.
 
 >>> from kinfolk.drift import Run
+>>> from kinfolk.drift.levels import gain_level
 >>> runs = [Run(m, str(s), f"{m}/{s}", [(0, 0.0, 0.0), (2, 2.0, d * (1 + s / 10))])
 ...         for m, d in (("lora", 0.04), ("atlas", 0.02)) for s in range(5)]
->>> (verdict,) = verdicts(runs, "lora", [0.5])
+>>> level = gain_level(0.5, [[run for run in runs if run.method == "lora"]])
+>>> (verdict,) = verdicts(runs, "lora", [level])
 >>> verdict.outcome, round(verdict.ratio, 6)
 ('less drift', 0.5)
 >>> print(verdict.line)
@@ -24,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kinfolk.compare.selection import start_score
 from kinfolk.drift import Run, target_matched
+from kinfolk.drift.levels import GainLevel, seeds_drift
 from kinfolk.stats import MIN_INTERVAL_UNITS
 
 LESS, MORE, NOT_SIGNIFICANT, NOT_REACHED = "less drift", "more drift", "not significant", "not reached"
@@ -49,26 +50,18 @@ class Verdict:
     line: str
 
 
-def report_levels(baseline_runs: Sequence[Run], fractions: Sequence[float]) -> list[float]:
-    """start + fraction x (best - start) per fraction, `best` the lowest of the baseline seeds' best scores."""
-    start = start_score(baseline_runs)
-    best = min(run.envelope()[-1][1] for run in baseline_runs)
-    return [start + fraction * (best - start) for fraction in fractions]
-
-
-def verdicts(runs: Sequence[Run], baseline: str, fractions: Sequence[float]) -> list[Verdict]:
+def verdicts(runs: Sequence[Run], baseline: str, levels: Sequence[GainLevel]) -> list[Verdict]:
     """Every other method of `runs` (one chosen rate each) against `baseline`, level by level."""
     methods = list(dict.fromkeys(run.method for run in runs if run.method != baseline))
     baseline_runs = [run for run in runs if run.method == baseline]
-    start = start_score(baseline_runs)
-    stuck = [run.name for run in baseline_runs if run.envelope()[-1][1] <= start]
-    if stuck:  # every level would sit at the untouched start, where nothing has drifted yet
-        why = f"{', '.join(stuck)} never scored above the start {start:.4g}"
-        return [_unreached(method, baseline, fraction, start, why) for fraction in fractions for method in methods]
-    levels = report_levels(baseline_runs, fractions)
+    if levels and levels[0].reference <= levels[0].start:  # every level would sit at the untouched start
+        why = f"no rate of {baseline} ever scored above the start {levels[0].start:.4g} with every seed"
+        return [
+            _unreached(method, baseline, level.fraction, level.start, why) for level in levels for method in methods
+        ]
     return [
-        _verdict(method, baseline, fraction, level, [run for run in runs if run.method == method], baseline_runs)
-        for fraction, level in zip(fractions, levels)
+        _verdict(method, baseline, level.fraction, level.value, [r for r in runs if r.method == method], baseline_runs)
+        for level in levels
         for method in methods
     ]
 
@@ -84,8 +77,7 @@ def _verdict(
         return _unreached(method, baseline, fraction, level, why)
     matched = target_matched([*method_runs, *baseline_runs], method, requirements=[level])
     comparison = matched.comparisons[0]
-    summaries = {summary.method: summary for summary in matched.methods}
-    drift, baseline_drift = (summaries[name].drift_by_requirement[0] for name in (method, baseline))
+    drift, baseline_drift = seeds_drift(method_runs, level), seeds_drift(baseline_runs, level)
     seeds, ratio, interval = comparison.seeds, comparison.ratio, comparison.interval
     numbers = f"drift {_number(drift)} vs {_number(baseline_drift)}"
     if interval is None:

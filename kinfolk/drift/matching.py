@@ -46,7 +46,14 @@ from typing import Any
 import numpy as np
 
 from kinfolk.errors import InputError, did_you_mean, option_name
-from kinfolk.stats import MIN_INTERVAL_UNITS, Interval, geometric_mean, geometric_mean_interval, t_interval
+from kinfolk.stats import (
+    MIN_INTERVAL_UNITS,
+    Interval,
+    geometric_mean,
+    geometric_mean_interval,
+    seeds_geometric_mean,
+    t_interval,
+)
 
 START_STEP = 0  # the untouched model, which `RetainedKLCallback(measure_at_start=True)` measures (drift 0)
 CONTINUOUS_LEVELS = 11  # default levels of a non-count target: evenly spaced over the shared range, ends included
@@ -205,7 +212,7 @@ class MethodSummary:
     method: str
     seeds: list[str]
     mean_drift: float  # geometric mean over seeds of the runs' mean drifts
-    drift_by_requirement: list[float | None]  # geometric mean over seeds; None where a seed's drift is 0
+    drift_by_requirement: list[float | None]  # over seeds, `kinfolk.drift.levels`' rule (0 where a seed's is 0)
 
 
 @dataclass
@@ -296,7 +303,7 @@ def target_matched(
             name,
             seeds_of(name),
             geometric_mean([mean[name, s] for s in seeds_of(name)]),
-            [_positive_geometric_mean([drift[name, s][i] for s in seeds_of(name)]) for i in range(len(kept))],
+            [seeds_geometric_mean([drift[name, s][i] for s in seeds_of(name)]) for i in range(len(kept))],
         )
         for name in methods
     ]

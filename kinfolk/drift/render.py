@@ -83,7 +83,7 @@ def plot(report: MatchedGain, path: Path) -> None:
         if len(envelope) > 1:  # straight on a log axis: the geometric interpolation itself
             axis.plot(*zip(*envelope), linewidth=0.8, alpha=0.45, color=colours[run.method])
     for summary in report.methods:
-        points = [(k, d) for k, d in zip(report.requirements, summary.drift_by_requirement) if d is not None]
+        points = [(k, d) for k, d in zip(report.requirements, summary.drift_by_requirement) if d]  # log axis
         if points:
             axis.plot(*zip(*points), marker="o", markersize=3, color=colours[summary.method], label=summary.method)
     axis.set_yscale("log")

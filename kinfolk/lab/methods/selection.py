@@ -1,7 +1,12 @@
 """Every rule by which the lab's experiments choose on validation (or calibration), written once.
 
-**Lowest drift at a gain level** (ATLAS: `atlas`, `atlas-controls`, `real-atlas` and its pilot, version 1's fronts).
-A checkpoint carries its `step` (0: the untrained adapter), a score (`gain`, or the `target` accuracy) and its
+**Lowest drift at a gain level** (ATLAS: `atlas`, `atlas-controls`, `real-atlas` and its pilot, version 1's fronts),
+the lab's **legacy** rule: it chose the committed results of the versions `LEGACY_LEVEL_RULE` pins, which keep
+recomputing under it. `kinfolk compare`, `kinfolk drift` and any later version of these experiments use the one
+matching rule instead (`kinfolk.drift.levels`: a run's drift read where it first reaches the level, interpolated,
+the geometric mean over seeds, levels on one scale of the baseline's gain); the two can disagree on the same curves,
+since this rule may take a later checkpoint that overshoots the level with less drift. tests/test_compare_levels.py
+holds every ATLAS experiment's version to the table. A checkpoint carries its `step` (0: the untrained adapter), a score (`gain`, or the `target` accuracy) and its
 retained `kl`, one value or one per retained source.
 
 - a level (`gain_level`, `levels`) is frozen + fraction x (best - frozen), `best` the baseline's best score over its
@@ -78,6 +83,9 @@ from kinfolk.lab.methods.adapt.settings import ORDERS
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.plugins.adapt.hull import HullPoint, upper_hull
 
+# The experiment versions whose committed results the lowest-drift rule chose (a later version uses
+# `kinfolk.drift.levels`' rule and leaves this table).
+LEGACY_LEVEL_RULE = {"atlas": "2-reanalysis", "atlas-controls": "3", "real-atlas": "1"}
 LEVEL_DIGITS = 10  # a level is rounded to this many decimals
 LEVEL_TOLERANCE = 1e-9  # a score this far below a level still reaches it (float error; above the rounding's 5e-11)
 KL_FLOOR = 1e-12  # a trained checkpoint's KL is positive; the floor only guards log(0)

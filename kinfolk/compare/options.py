@@ -1,7 +1,7 @@
 """`CompareArguments`: the options of `kinfolk compare`, as `TrlParser`/YAML fields (`--config compare.yaml`).
 
 Checked as parsed (a value out of range is a one-line usage error, exit 2); what needs the files (splits, the
-model, the metric's module) is checked by `kinfolk.commands.compare_runs` before any model loads.
+model, the metric's module) is checked by `kinfolk.compare.runs` before any model loads.
 
 >>> args = CompareArguments(model_name_or_path="m", dataset_name="d", retained_dataset_name="r", out="o",
 ...                         methods=["lora", "lora_replay"], learning_rates=[1e-4], seeds=[0])
@@ -11,22 +11,15 @@ model, the metric's module) is checked by `kinfolk.commands.compare_runs` before
 ...                  methods=["lora", "dora"])
 Traceback (most recent call last):
 ...
-ValueError: --methods: unknown method 'dora'; choose from lora, atlas, lora_output_kl, lora_replay, full
+ValueError: --methods: unknown method 'dora'; choose from lora, atlas, norm_matched, lora_output_kl, lora_replay, osf, full
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# method -> what a run of it trains
-METHODS = {
-    "lora": "LoRA at ATLAS's placement and rank (the attention output projection of one layer at 0.47 of the depth, unless "
-    "--target_modules/--layers say otherwise), so the comparison changes the method and nothing else",
-    "atlas": "ATLAS, its atlas fitted on the retained training rows",
-    "lora_output_kl": "LoRA plus Output-KL (--output_kl_coef) on the retained training rows",
-    "lora_replay": "LoRA plus replay (--replay_ratio) of the retained training rows",
-    "full": "full fine-tuning of every weight (refused where weights, gradients and Adam's moments do not fit)",
-}
+from kinfolk.compare.methods import METHODS
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -53,7 +46,9 @@ class CompareArguments:
     )
     methods: list[str] = field(
         default_factory=lambda: ["lora", "atlas"],
-        metadata={"help": f"Methods to compare, among: {'; '.join(f'{m}: {what}' for m, what in METHODS.items())}."},
+        metadata={
+            "help": f"Methods to compare, among: {'; '.join(f'{m}: {method.help}' for m, method in METHODS.items())}."
+        },
     )
     baseline: str = field(default="lora", metadata={"help": "The method every other one is judged against."})
     learning_rates: list[float] = field(
@@ -158,7 +153,10 @@ class CompareArguments:
             raise ValueError(f"need 1 <= --eval_steps <= --max_steps, got {self.eval_steps} and {self.max_steps}")
         if self.metric is not None and self.lm_eval_task is not None:
             raise ValueError("--metric and --lm_eval_task each set the target metric: give one")
-        if "lora_replay" in self.methods and not 0 < self.replay_ratio < 1:
-            raise ValueError(f"--replay_ratio must lie in (0, 1) for lora_replay, got {self.replay_ratio}")
-        if "lora_output_kl" in self.methods and not self.output_kl_coef > 0:
-            raise ValueError(f"--output_kl_coef must be positive for lora_output_kl, got {self.output_kl_coef}")
+        regularisers = {METHODS[method].regulariser: method for method in self.methods}
+        if "replay_ratio" in regularisers and not 0 < self.replay_ratio < 1:
+            raise ValueError(f"--replay_ratio must lie in (0, 1) for {regularisers['replay_ratio']}, got "
+                             f"{self.replay_ratio}")  # fmt: skip
+        if "output_kl_coef" in regularisers and not self.output_kl_coef > 0:
+            raise ValueError(f"--output_kl_coef must be positive for {regularisers['output_kl_coef']}, got "
+                             f"{self.output_kl_coef}")  # fmt: skip

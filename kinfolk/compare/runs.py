@@ -1,7 +1,7 @@
 """How `kinfolk compare` trains one run: `kinfolk sft`'s trainer with the method, measured as it trains.
 
 A run is `WeightedSFTTrainer` on the target's training split at one learning rate and seed, for `--max_steps`
-steps, with the method's adapter or regulariser (`compare_options.METHODS`; ATLAS's options and fit are `kinfolk
+steps, with the method's adapter or regulariser (`kinfolk.compare.methods.METHODS`; ATLAS's options and fit are `kinfolk
 sft`'s, `AtlasArguments`), and two callbacks measuring every `--eval_steps` steps from step 0 into the run's
 `drift.jsonl`: `RetainedKLCallback` (KL(frozen || current) on the retained KL split) and `TargetMetricCallback`
 (the target score, higher is better: minus the validation NLL per token by default, a user's function with
@@ -33,20 +33,19 @@ from kinfolk.callbacks.target_metric import (
     metric_function,
     validation_nll,
 )
-from kinfolk.commands.compare_options import CompareArguments
 from kinfolk.commands.drift_report import load_run
 from kinfolk.commands.sft_atlas_options import AtlasArguments
-from kinfolk.compare import RunKey, check_settings, run_keys
+from kinfolk.compare.grid import RunKey, check_settings, run_keys
+from kinfolk.compare.methods import METHODS
+from kinfolk.compare.options import CompareArguments
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.drift import Run
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
-from kinfolk.plugins.atlas_comparators import matching_lora_config
 from kinfolk.tensors import TensorReader
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
 TARGET, KL = "target", "retained_kl"  # the drift.jsonl keys matched
-REGULARISED = ("lora_output_kl", "lora_replay")  # the methods that train on retained rows
 FULL_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and Adam's two moments
 
 
@@ -92,15 +91,7 @@ class CompareRuns:
                 "lm_eval_metric", "lm_eval_limit", "measure_batch_size", "dtype",
             )
         }  # fmt: skip
-        own = {
-            "lora": ("rank", "target_modules", "layers"),
-            "atlas": ("rank", "target_modules", "layers", "retained_train_split", "atlas_regions", "atlas_directions",
-                      "atlas_fit_rows"),
-            "lora_output_kl": ("rank", "target_modules", "layers", "retained_train_split", "output_kl_coef"),
-            "lora_replay": ("rank", "target_modules", "layers", "retained_train_split", "replay_ratio"),
-            "full": (),
-        }[method]  # fmt: skip
-        return {"method": method, **shared, **{name: getattr(args, name) for name in own}}
+        return {"method": method, **shared, **{name: getattr(args, name) for name in METHODS[method].settings}}
 
     @property
     def target(self) -> str:
@@ -135,6 +126,7 @@ class CompareRuns:
         args = self.args
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
+        method = METHODS[key.method]
         atlas = AtlasArguments(
             use_atlas=True,
             atlas_layers=args.layers,
@@ -145,12 +137,8 @@ class CompareRuns:
             atlas_fit_max_length=args.max_length,
             atlas_seed=key.seed,
         )
-        if key.method == "full":
-            peft_config = None
-        elif key.method == "atlas":
-            peft_config = atlas.peft_config()
-        else:  # LoRA where ATLAS would sit, at its rank: the comparison changes the method and nothing else
-            peft_config = matching_lora_config(model, atlas.peft_config())
+        peft_config = method.peft_config(model, atlas.peft_config())  # at ATLAS's placement and rank
+        regulariser = {method.regulariser: getattr(args, method.regulariser)} if method.regulariser else {}
         config = WeightedSFTConfig(
             output_dir=str(folder),
             learning_rate=key.learning_rate,
@@ -167,8 +155,7 @@ class CompareRuns:
             use_cpu=args.use_cpu,
             gradient_checkpointing=False,
             weight_column=None,
-            output_kl_coef=args.output_kl_coef if key.method == "lora_output_kl" else 0.0,
-            replay_ratio=args.replay_ratio if key.method == "lora_replay" else 0.0,
+            **regulariser,
         )
         with naming(args.dataset_name):
             trainer = WeightedSFTTrainer(
@@ -177,9 +164,9 @@ class CompareRuns:
                 train_dataset=self.train_rows,
                 processing_class=self.tokenizer,
                 peft_config=peft_config,
-                retained_dataset=self.retained_rows if key.method in REGULARISED else None,
+                retained_dataset=self.retained_rows if regulariser else None,
             )
-        if key.method == "atlas":
+        if method.fits_atlas:
             rows = self.retained_rows
             if args.atlas_fit_rows is not None:
                 rows = rows.select(range(min(args.atlas_fit_rows, len(rows))))
