@@ -205,7 +205,8 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
         assert verdict["ratio"] == pytest.approx(geometric_mean([a / b for a, b in zip(atlas, lora)]))
         assert verdict["drift"] == pytest.approx(geometric_mean(atlas))
         assert verdict["baseline_drift"] == pytest.approx(geometric_mean(lora))
-        assert verdict["outcome"] == "not significant"  # two seeds: no interval
+        assert verdict["outcome"] == "not tested"  # two seeds: no interval, so nothing was tested
+        assert "not tested (2 seeds; an interval needs 5): ratio " in verdict["line"]
         assert verdict["line"].startswith(f"atlas vs lora at target {level:.4g} ({fraction:.0%} of lora's gain): ")
     assert reached, "the micro grid should reach a verdict level"
     text = (micro / "report" / "report.md").read_text()
@@ -273,8 +274,8 @@ def test_five_seeds_give_a_t_interval_and_a_verdict_either_way():
         return made
 
     for ratios, outcome in (
-        ([0.5, 0.55, 0.45, 0.6, 0.5], "less drift"),
-        ([0.5, 2.0, 0.8, 1.5, 1.1], "not significant"),
+        ([0.5, 0.55, 0.45, 0.6, 0.5], "shown"),
+        ([0.5, 2.0, 0.8, 1.5, 1.1], "not shown"),
     ):
         made = runs(ratios)
         (verdict,) = verdicts(made, "lora", [gain_level(0.5, [[run for run in made if run.method == "lora"]])])
@@ -285,7 +286,8 @@ def test_five_seeds_give_a_t_interval_and_a_verdict_either_way():
             (math.exp(logs.mean() - half), math.exp(logs.mean() + half))
         )
         assert verdict.outcome == outcome
-        assert ("not significant" in verdict.line) == (outcome == "not significant")
+        said = {"shown": "less drift shown (ratio", "not shown": "not shown (ratio"}[outcome]
+        assert said in verdict.line and "significant" not in verdict.line
 
 
 # --- the target metric callback ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 >>> {choice.method: choice.rate for choice in analysis.choices}
 {'lora': 0.001, 'atlas': 0.01}
 >>> analysis.verdicts[0].line
-"atlas vs lora at target 1 (50% of lora's gain): not significant (ratio 0.5 over 1 seed; an interval needs 5; drift 0.01 vs 0.02)"
+"atlas vs lora at target 1 (50% of lora's gain): not tested (1 seed; an interval needs 5): ratio 0.5, drift 0.01 vs 0.02"
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ The levels are `kinfolk.drift.levels.GainLevel`s, fractions of the baseline's ga
 uses too (`kinfolk.compare.analysis` makes them). At each level the runs of a method and of the baseline (their chosen rates) are compared by
 `kinfolk.drift.target_matched` at that one level: per seed, ratio = drift(method) / drift(baseline), each read off
 its run's envelope; over seeds, their geometric mean and, from `kinfolk.stats.MIN_INTERVAL_UNITS` (5) paired
-seeds on, the exponentiated 95 % t-interval of the log ratios. The verdict is "less drift" or "more drift" when
-that interval excludes 1, "not significant" when it holds 1 or when there are too few seeds for one, and "not
-reached" when a run would reach the level only by extrapolation.
+seeds on, the exponentiated 95 % t-interval of the log ratios. The verdict uses kinfolk's four words
+(`kinfolk.verdict_words`, defined in docs/compare.md): "less drift shown" or "more drift shown" when that interval
+excludes 1, "not shown" when it holds 1, "not tested (n seeds; an interval needs 5)" when there are too few seeds
+for one (the ratio is then a measurement, not a finding), and "not reached" when a run would reach the level only
+by extrapolation.
 
 >>> from kinfolk.drift import Run
 >>> from kinfolk.drift.levels import gain_level
@@ -14,10 +16,10 @@ reached" when a run would reach the level only by extrapolation.
 ...         for m, d in (("lora", 0.04), ("atlas", 0.02)) for s in range(5)]
 >>> level = gain_level(0.5, [[run for run in runs if run.method == "lora"]])
 >>> (verdict,) = verdicts(runs, "lora", [level])
->>> verdict.outcome, round(verdict.ratio, 6)
-('less drift', 0.5)
+>>> verdict.outcome, verdict.direction, round(verdict.ratio, 6)
+('shown', 'less drift', 0.5)
 >>> print(verdict.line)
-atlas vs lora at target 1 (50% of lora's gain): ratio 0.5 [0.5, 0.5] over 5 seeds (drift 0.0119 vs 0.0238)
+atlas vs lora at target 1 (50% of lora's gain): less drift shown (ratio 0.5 [0.5, 0.5] over 5 seeds; drift 0.0119 vs 0.0238)
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from dataclasses import dataclass
 
 from kinfolk.drift import Run, target_matched
 from kinfolk.drift.levels import GainLevel, seeds_drift
-from kinfolk.stats import MIN_INTERVAL_UNITS
+from kinfolk.verdict_words import NOT_REACHED, NOT_TESTED, SHOWN, judged, not_tested
 
-LESS, MORE, NOT_SIGNIFICANT, NOT_REACHED = "less drift", "more drift", "not significant", "not reached"
+LESS, MORE = "less drift", "more drift"  # the side a ratio falls on: below 1 favours the method
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class Verdict:
     baseline: str
     fraction: float
     level: float
-    outcome: str  # LESS, MORE, NOT_SIGNIFICANT or NOT_REACHED
+    outcome: str  # one of `kinfolk.verdict_words.WORDS`
+    direction: str | None  # LESS or MORE: the side the ratio falls on (None when not reached)
     seeds: list[str]
     ratio: float | None
     low: float | None  # the 95 % t-interval of the ratio (from MIN_INTERVAL_UNITS seeds)
@@ -80,18 +83,19 @@ def _verdict(
     drift, baseline_drift = seeds_drift(method_runs, level), seeds_drift(baseline_runs, level)
     seeds, ratio, interval = comparison.seeds, comparison.ratio, comparison.interval
     numbers = f"drift {_number(drift)} vs {_number(baseline_drift)}"
-    if interval is None:
-        outcome = NOT_SIGNIFICANT
-        line = (
-            f"{head}: {NOT_SIGNIFICANT} (ratio {ratio:.3g} over {len(seeds)} seed{'s' * (len(seeds) != 1)}; an "
-            f"interval needs {MIN_INTERVAL_UNITS}; {numbers})"
-        )
-    else:
-        outcome = LESS if interval.high < 1 else MORE if interval.low > 1 else NOT_SIGNIFICANT
-        stated = f"ratio {ratio:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(seeds)} seeds"
-        line = f"{head}: {stated} ({numbers})" if outcome != NOT_SIGNIFICANT else f"{head}: {outcome} ({stated})"
     low, high = (None, None) if interval is None else (interval.low, interval.high)
-    return Verdict(method, baseline, fraction, level, outcome, seeds, ratio, low, high, drift, baseline_drift, line)
+    outcome = judged(None if interval is None else (low, high), len(seeds))
+    direction = LESS if ratio < 1 else MORE
+    stated = f"ratio {ratio:.3g} [{low:.3g}, {high:.3g}] over {len(seeds)} seeds" if interval else ""
+    if outcome == NOT_TESTED:
+        line = f"{head}: {not_tested(len(seeds))}: ratio {ratio:.3g}, {numbers}"
+    elif outcome == SHOWN:
+        line = f"{head}: {direction} {SHOWN} ({stated}; {numbers})"
+    else:
+        line = f"{head}: {outcome} ({stated}, which holds 1; {numbers})"
+    return Verdict(
+        method, baseline, fraction, level, outcome, direction, seeds, ratio, low, high, drift, baseline_drift, line
+    )
 
 
 def _head(method: str, baseline: str, fraction: float, level: float) -> str:
@@ -100,7 +104,7 @@ def _head(method: str, baseline: str, fraction: float, level: float) -> str:
 
 def _unreached(method: str, baseline: str, fraction: float, level: float, why: str) -> Verdict:
     line = f"{_head(method, baseline, fraction, level)}: {NOT_REACHED} ({why})"
-    return Verdict(method, baseline, fraction, level, NOT_REACHED, [], None, None, None, None, None, line)
+    return Verdict(method, baseline, fraction, level, NOT_REACHED, None, [], None, None, None, None, None, line)
 
 
 def _number(value: float | None) -> str:
