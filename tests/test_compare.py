@@ -215,6 +215,93 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
     assert (micro / "report" / "drift-atlas" / "report.md").is_file()
 
 
+def test_the_report_opens_with_the_answer_on_shared_axes(micro):
+    """report.md opens with compare.png and the verdicts, in the four words; curves.png's panels share their axes
+    row by row and compare.png's axes hold every chosen run's drift (the limits the figures were drawn with)."""
+    saved, text = report(micro), (micro / "report" / "report.md").read_text()
+    answer = text[text.index("## The answer") : text.index("## Set-up")]
+    assert answer.index("![") < answer.index("- atlas vs lora at target")  # the figure first, then the verdicts
+    assert "(compare.png)" in answer
+    assert {verdict["outcome"] for verdict in saved["verdicts"]} <= {"shown", "not shown", "not tested", "not reached"}
+    limits = json.loads((micro / "report" / "figures.json").read_text())
+    curves_panels = limits["curves.png"]
+    assert len(curves_panels) == 4  # two methods x (target by step, KL by target)
+    top, bottom = curves_panels[:2], curves_panels[2:]
+    for row in (top, bottom):
+        assert row[0]["xlim"] == row[1]["xlim"] and row[0]["ylim"] == row[1]["ylim"]
+    (compare_axes,) = limits["compare.png"]
+    assert (
+        compare_axes["yscale"] == "log"
+        and "retained KL" in compare_axes["ylabel"]
+        and "target" in (compare_axes["xlabel"])
+    )
+    rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
+    found = curves(micro)
+    drifts = [kl for (method, rate, _), curve in found.items() if rate == rates[method] for step, _, kl in curve
+              if step and kl > 0]  # fmt: skip
+    low, high = compare_axes["ylim"]
+    assert low <= min(drifts) and max(drifts) <= high
+    start, reference = baseline_scale(found)
+    for method in ("lora", "atlas"):  # the share of lora's gain each method reaches, every seed at its chosen rate
+        lowest_best = min(max(t for _, t, _ in found[method, rates[method], seed]) for seed in (0, 1))
+        assert saved["reached"][method] == pytest.approx((lowest_best - start) / (reference - start))
+        assert f"- {method}: {saved['reached'][method]:.0%}" in answer
+
+
+def test_churn_at_each_level_is_read_at_the_checkpoint_nearest_it(micro):
+    """Per chosen run and level: the measurement nearest where the run first reaches the level (by target), and the
+    count of the retained prompts' greedy answers there that differ from step 0's, averaged over seeds."""
+    saved = report(micro)
+    rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
+    measured = 0
+    for churn in saved["churn"]:
+        counts, steps = [], []
+        for seed in (0, 1):
+            folder = micro / "runs" / churn["method"] / f"lr-{rates[churn['method']]:g}" / f"seed-{seed}"
+            answers = {row["step"]: row["answers"] for row in map(json.loads, (folder / "answers.jsonl").open())}
+            assert len(answers[0]) == 8  # every retained validation row (fewer than --churn_prompts)
+            records = []
+            for point in logged_curve(folder):
+                if not records or point[1] > records[-1][1]:
+                    records.append(point)
+            around = [(a, b) for a, b in itertools.pairwise(records) if a[1] <= churn["level"] <= b[1]]
+            if not around:
+                steps.append(None)
+                continue
+            (a, b), level = around[0], churn["level"]
+            step = a[0] if level - a[1] < b[1] - level else b[0]
+            steps.append(step)
+            counts.append(sum(x != y for x, y in zip(answers[0], answers[step])))
+        assert churn["steps"] == steps
+        if None in steps:
+            assert churn["changed"] is None
+            continue
+        measured += 1
+        assert churn["changed"] == pytest.approx(sum(counts) / len(counts)) and churn["prompts"] == 8
+    assert measured, "the micro grid should reach a verdict level"
+    text = (micro / "report" / "report.md").read_text()
+    assert "retained answers changed with" in text and "checkpoint nearest the level" in text
+
+
+def test_a_chosen_rate_at_its_grids_end_is_flagged_with_a_grid_the_command_accepts(micro, inputs):
+    from kinfolk.commands.parsing import VerbParser
+    from kinfolk.compare.options import CompareArguments
+
+    saved = report(micro)
+    warnings = saved["edge_warnings"]
+    assert len(warnings) == 2  # two rates per method: every choice is at an end
+    for warning, choice in zip(warnings, saved["selection"]["choices"]):
+        end = "largest" if choice["rate"] == 0.1 else "smallest"
+        assert warning.startswith(f"{choice['method']}: the chosen --learning_rates {choice['rate']:.3g} is the {end}")
+        suggested = warning.split("e.g. ")[1].split()
+        argv = [str(a) for a in compare_argv(inputs, micro)[1:]]
+        at = argv.index("--learning_rates")
+        argv[at : at + 3] = suggested
+        (args,) = VerbParser(CompareArguments, prog="kinfolk compare").parse(argv)
+        assert len(args.learning_rates) == 3 and choice["rate"] in args.learning_rates
+    assert all(f"- {warning}" in (micro / "report" / "report.md").read_text() for warning in warnings)
+
+
 def test_help_lists_every_option_with_its_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "--help"])

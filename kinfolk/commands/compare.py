@@ -30,5 +30,10 @@ def main(argv: list[str] | None = None) -> int:
 
     analysis = run_comparison(args, PROG)
     show("\n".join(verdict.line for verdict in analysis.verdicts))
+    reached = ", ".join(f"{method} {share:.0%}" for method, share in analysis.reached.items() if share is not None)
+    if reached:
+        show(f"share of {analysis.baseline}'s gain reached: {reached}")
+    for warning in analysis.edge_warnings:
+        show(f"warning: {warning}")
     show(f"report: {Path(args.out) / REPORT_FOLDER / 'report.md'}")
     return 0

@@ -15,18 +15,23 @@
 {'lora': 0.001, 'atlas': 0.01}
 >>> analysis.verdicts[0].line
 "atlas vs lora at target 1 (50% of lora's gain): not tested (1 seed; an interval needs 5): ratio 0.5, drift 0.01 vs 0.02"
+>>> analysis.reached  # both reach all of lora's gain
+{'lora': 1.0, 'atlas': 1.0}
+>>> print(analysis.edge_warnings[1])  # two rates: each choice is at an end
+atlas: the chosen --learning_rates 0.01 is the largest of its grid (0.001 0.01); a larger one may do better: extend the grid, e.g. --learning_rates 0.001 0.01 0.1
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kinfolk.compare.grid import RunKey
+from kinfolk.compare.grid_edge import edge_warning
 from kinfolk.compare.selection import RULE, RateChoice, choose_rate
 from kinfolk.compare.verdicts import Verdict, verdicts
 from kinfolk.drift import Run
-from kinfolk.drift.levels import GainLevel, gain_level
+from kinfolk.drift.levels import GainLevel, gain_level, reached_fraction
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class Analysis:
     levels: list[GainLevel]  # the verdicts' levels, on the selection level's scale
     verdicts: list[Verdict]
     runs: dict[RunKey, Run]
+    reached: dict[str, float | None] = field(default_factory=dict)  # per method: the share of the gain it reaches
+    edge_warnings: list[str] = field(default_factory=list)  # chosen rates at their grid's end (`grid_edge`)
 
     @property
     def selection_fraction(self) -> float:
@@ -76,5 +83,10 @@ def analyse(
     selection = gain_level(selection_fraction, baseline_groups)
     levels = [gain_level(fraction, baseline_groups) for fraction in fractions]
     choices = [choose_rate(method, by_rate[method], selection.value) for method in methods]
-    judged = verdicts(at_chosen_rates(runs, choices), baseline, levels)
-    return Analysis(baseline, selection, RULE, choices, levels, judged, dict(runs))
+    chosen = at_chosen_rates(runs, choices)
+    judged = verdicts(chosen, baseline, levels)
+    reached = {c.method: reached_fraction([r for r in chosen if r.method == c.method], selection) for c in choices}
+    edges = [edge_warning(c.method, "--learning_rates", c.rate, list(by_rate[c.method])) for c in choices]
+    return Analysis(
+        baseline, selection, RULE, choices, levels, judged, dict(runs), reached, [edge for edge in edges if edge]
+    )

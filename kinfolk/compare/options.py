@@ -119,6 +119,14 @@ class CompareArguments:
         metadata={"help": "Verdict levels, as fractions of the baseline's gain at its chosen rate."},
     )
     measure_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass when measuring."})
+    churn_prompts: int = field(
+        default=64,
+        metadata={
+            "help": "Retained prompts (the first rows of --retained_kl_split) whose greedy answers each run keeps at "
+            "every measurement, for the answer churn at the verdict levels; 0: none."
+        },
+    )
+    churn_tokens: int = field(default=16, metadata={"help": "New tokens of each greedy answer (--churn_prompts)."})
     dtype: str = field(
         default="float32",
         metadata={"help": "Weights' dtype (float32 keeps KLs of 1e-4 above rounding noise).", "choices": DTYPES},
@@ -145,10 +153,13 @@ class CompareArguments:
             raise ValueError(f"--levels and --selection_fraction are fractions in (0, 1], got {self.levels} and "
                              f"{self.selection_fraction}")  # fmt: skip
         counts = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "rank", "atlas_regions",
-                  "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads")  # fmt: skip
+                  "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads",
+                  "churn_tokens")  # fmt: skip
         for name in counts:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.churn_prompts < 0:
+            raise ValueError(f"--churn_prompts must be 0 (none) or more, got {self.churn_prompts}")
         if self.max_steps < 1 or not 1 <= self.eval_steps <= self.max_steps:
             raise ValueError(f"need 1 <= --eval_steps <= --max_steps, got {self.eval_steps} and {self.max_steps}")
         if self.metric is not None and self.lm_eval_task is not None:

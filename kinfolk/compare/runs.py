@@ -35,6 +35,7 @@ from kinfolk.callbacks.target_metric import (
 )
 from kinfolk.commands.drift_report import load_run
 from kinfolk.commands.sft_atlas_options import AtlasArguments
+from kinfolk.compare.answers import ANSWERS_FILE, AnswersCallback, retained_prompts
 from kinfolk.compare.grid import RunKey, check_settings, run_keys
 from kinfolk.compare.methods import METHODS
 from kinfolk.compare.options import CompareArguments
@@ -183,6 +184,10 @@ class CompareRuns:
             )
         )
         trainer.add_callback(TargetMetricCallback(trainer, self._measure(config), args.eval_steps, TARGET))
+        if args.churn_prompts:  # answer churn beside the KL (kinfolk.compare.answers)
+            prompts = retained_prompts(self.retained_kl_rows, self.tokenizer, args.churn_prompts)
+            trainer.add_callback(AnswersCallback(trainer, prompts, args.eval_steps, args.churn_tokens,
+                                                 folder / ANSWERS_FILE))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
         trainer.train()
         del trainer, model

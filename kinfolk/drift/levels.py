@@ -76,3 +76,18 @@ def gain_level(fraction: float, baseline_groups: Sequence[Sequence[Run]]) -> Gai
 def seeds_drift(runs: Sequence[Run], level: float) -> float | None:
     """A method's drift at `level` over its seeds' runs (see the module)."""
     return seeds_geometric_mean([run.drift_at(level).drift for run in runs])
+
+
+def reached_fraction(runs: Sequence[Run], scale: GainLevel) -> float | None:
+    """The share of the baseline's gain (on `scale`'s start and reference) that every one of `runs` reaches: the
+    highest level all of its seeds reach, as a fraction; None when the scale has no gain (reference <= start).
+
+    >>> from kinfolk.drift import Run
+    >>> runs = [Run("atlas", s, "", [(0, 0.0, 0.0), (4, best, 0.01)]) for s, best in (("0", 3.0), ("1", 2.0))]
+    >>> reached_fraction(runs, GainLevel(0.5, 0.0, 4.0, 2.0))  # the weaker seed's best, 2, of the gain 0 -> 4
+    0.5
+    """
+    if scale.reference <= scale.start:
+        return None
+    lowest_best = min(run.envelope()[-1][1] for run in runs)
+    return (lowest_best - scale.start) / (scale.reference - scale.start)
