@@ -342,7 +342,9 @@ def test_a_run_trained_under_other_settings_is_refused_naming_it(inputs, micro, 
     argv = compare_argv(inputs, micro)
     argv[argv.index("--max_steps") + 1] = "6"
     before = {folder: (folder / "drift.jsonl").read_bytes() for folder in run_folders(micro)}
-    assert_command_refused(argv, micro / "runs" / "lora" / "lr-0.03" / "seed-0", "trained with other settings")
+    assert_command_refused(
+        argv, micro / "runs" / "lora" / "lr-0.03" / "seed-0", "trained with other settings (max_steps 12 (now 6))"
+    )
     assert {folder: (folder / "drift.jsonl").read_bytes() for folder in run_folders(micro)} == before
 
 

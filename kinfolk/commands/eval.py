@@ -48,7 +48,11 @@ from kinfolk.digits import distinct_format, shown
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
+from kinfolk.hints import suggest
 from kinfolk.inputs import check_model, is_local_path, read_json
+
+RATING_HINT = f"{suggest('--difficulty rating', 'route')} {suggest('--rater', 'route')}"  # the next: line's
+LOSS_HINT = suggest("--score loss", "route")
 
 if TYPE_CHECKING:  # the library is imported where --family runs: it loads transformers
     from kinfolk.plugins.adapt.family_eval import OutcomesWritten
@@ -334,9 +338,9 @@ def evaluate_family(options: EvalArguments, lm_eval_argv: list[str]) -> int:
     print(outcomes_summary(written))
     route = f"kinfolk route --outcomes {written.path} --models_dir {options.family} --out routing/"
     if not written.levels:
-        route += " --difficulty rating --rater MODEL"  # no level column: route rates each prompt
+        route += f" {RATING_HINT} MODEL"  # no level column: route rates each prompt
     if written.mean_loss is not None:
-        route += " --score loss"  # held-out perplexity: exp(−loss) is tiny for weak sizes; the loss separates them
+        route += f" {LOSS_HINT}"  # held-out perplexity: exp(−loss) is tiny for weak sizes; the loss separates them
     print(f"wrote {written.path}; next: {route}", file=sys.stderr)
     return 0
 

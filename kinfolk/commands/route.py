@@ -39,11 +39,13 @@ from typing import Any
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.digits import distinct_format, shown
 from kinfolk.errors import InputError
+from kinfolk.hints import suggest
 from kinfolk.plugins.adapt.cost import COST_KINDS
 from kinfolk.plugins.adapt.outcomes import DIFFICULTY_SOURCES, PLOT_FILE, RESULT_FILE, SCORE_COLUMNS, route_outcomes
 from kinfolk.plugins.adapt.routing import POLICIES, SCORE_SCALES, ScoreScale
 
 PROG = "kinfolk route"
+SCORE_HINT = suggest("--score loss", "route")
 HULL_TOLERANCE = 1e-9  # a routing that reproduces a hull vertex differs from it by rounding only
 
 
@@ -163,7 +165,7 @@ def score_hint(result: dict[str, Any], argv: list[str]) -> str | None:
     """The rerun to suggest when rows carrying a loss were routed on `correct` (a tiny exp(−loss) for most sizes)."""
     if result.get("score") != "correct" or not result.get("carries_loss"):
         return None
-    return f"these outcomes carry each example's loss; to route on it: {PROG} {shlex.join(argv)} --score loss"
+    return f"these outcomes carry each example's loss; to route on it: {PROG} {shlex.join(argv)} {SCORE_HINT}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,9 @@ from kinfolk.compare.selection import RULE, RateChoice, choose_rate
 from kinfolk.compare.verdicts import Verdict, verdicts
 from kinfolk.drift import Run
 from kinfolk.drift.levels import GainLevel, gain_level, reached_fraction
+from kinfolk.hints import suggest
+
+RATES_OPTION = suggest("--learning_rates", "compare")  # the grid an edge warning suggests extending
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def analyse(
     chosen = at_chosen_rates(runs, choices)
     judged = verdicts(chosen, baseline, levels)
     reached = {c.method: reached_fraction([r for r in chosen if r.method == c.method], selection) for c in choices}
-    edges = [edge_warning(c.method, "--learning_rates", c.rate, list(by_rate[c.method])) for c in choices]
+    edges = [edge_warning(c.method, RATES_OPTION, c.rate, list(by_rate[c.method])) for c in choices]
     return Analysis(
         baseline, selection, RULE, choices, levels, judged, dict(runs), reached, [edge for edge in edges if edge]
     )

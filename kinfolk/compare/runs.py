@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from kinfolk.atomic import fingerprint
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
 from kinfolk.callbacks.target_metric import (
@@ -65,7 +64,7 @@ class CompareRuns:
         self.args = args
         self.keys = run_keys(args.methods, args.learning_rates, args.seeds)
         self.user_metric = load_metric_function(args.metric) if args.metric else None
-        self.settings = {method: fingerprint(self._settings(method)) for method in args.methods}
+        self.settings = {method: self._settings(method) for method in args.methods}
         check_settings(self.keys, args.out, self.settings)
         check_model(args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
         target, retained = args.dataset_name, args.retained_dataset_name
@@ -126,6 +125,7 @@ class CompareRuns:
         """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step."""
         args = self.args
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+        cpu = args.use_cpu or not torch.accelerator.is_available()
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
         method = METHODS[key.method]
         atlas = AtlasArguments(
@@ -153,7 +153,8 @@ class CompareRuns:
             save_strategy="no",
             report_to="none",
             disable_tqdm=True,
-            use_cpu=args.use_cpu,
+            use_cpu=cpu,
+            bf16=False if cpu else None,  # chosen here: the trainer's CPU note would hint --bf16, not compare's
             gradient_checkpointing=False,
             weight_column=None,
             **regulariser,

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.errors import InputError, did_you_mean, option_name
+from kinfolk.hints import suggest
 from kinfolk.stats import (
     MIN_INTERVAL_UNITS,
     Interval,
@@ -63,6 +64,7 @@ INTERPOLATION = (
     "records around the level; a level outside a run's envelope is not reached, never extrapolated"
 )
 Checkpoint = tuple[int, float, float]  # (step, target score, drift)
+REQUIREMENTS_HINT = suggest("--requirements", "drift")
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
     low, high = max(lows.values()), min(highs.values())
     if low > high:
         ranges = ", ".join(f"{name}: [{lows[name]:g}, {highs[name]:g}]" for name in lows)
-        raise InputError(f"the runs' target scores share no range ({ranges}); pass --requirements")
+        raise InputError(f"the runs' target scores share no range ({ranges}); pass {REQUIREMENTS_HINT}")
     scores = [target for run in runs for target in run.trained_targets()]
     if all(float(score).is_integer() for score in scores):
         return [float(k) for k in range(math.ceil(low), math.floor(high) + 1)]
