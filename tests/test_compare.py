@@ -61,7 +61,7 @@ def compare_argv(inputs, out, *options) -> list[str]:
         "--methods", "lora", "atlas", "--learning_rates", "3e-2", "1e-1", "--seeds", "0", "1",
         "--max_steps", "12", "--eval_steps", "3", "--per_device_train_batch_size", "4", "--rank", "4",
         "--atlas_regions", "2", "--atlas_directions", "2", "--selection_fraction", str(SELECTION_FRACTION),
-        "--levels", *map(str, LEVELS), *options,
+        "--levels", *map(str, LEVELS), "--churn_tokens", "4", *options,
     ]  # fmt: skip
 
 
