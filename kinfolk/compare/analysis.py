@@ -1,5 +1,6 @@
 """From every run's curve to the comparison: each method's rate (`selection`), then the verdicts at its chosen rate
-(`verdicts`).
+(`verdicts`; read on the test curves when there are some, corrected by Holm when the comparison was planned) and
+each retained source's drift at every verdict level (`SourceRow`).
 
 >>> from kinfolk.compare.grid import RunKey
 >>> from kinfolk.drift import Run
@@ -20,13 +21,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kinfolk.compare.grid import RunKey
 from kinfolk.compare.selection import RULE, RateChoice, choose_rate
-from kinfolk.compare.verdicts import Verdict, verdicts
+from kinfolk.compare.verdicts import TEST, VALIDATION, Verdict, holm_corrected, verdicts
 from kinfolk.drift import Run
 from kinfolk.drift.levels import GainLevel, gain_level
+from kinfolk.stats import seeds_geometric_mean
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One method's drift on one retained source at each verdict level (geometric mean over its chosen seeds, read
+    where each run first reached the level on validation, on the verdicts' split)."""
+
+    method: str
+    source: str
+    drifts: list[float | None]
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,10 @@ class Analysis:
     choices: list[RateChoice]
     levels: list[GainLevel]  # the verdicts' levels, on the selection level's scale
     verdicts: list[Verdict]
-    runs: dict[RunKey, Run]
+    runs: dict[RunKey, Run]  # validation curves
+    split: str = VALIDATION  # the split the verdicts read
+    planned: bool = False  # verdicts corrected by Holm over the plan's primaries
+    sources: list[SourceRow] = field(default_factory=list)
 
     @property
     def selection_fraction(self) -> float:
@@ -64,10 +79,18 @@ def at_chosen_rates(runs: Mapping[RunKey, Run], choices: Sequence[RateChoice]) -
 
 
 def analyse(
-    runs: Mapping[RunKey, Run], baseline: str, selection_fraction: float, fractions: Sequence[float]
+    runs: Mapping[RunKey, Run],
+    baseline: str,
+    selection_fraction: float,
+    fractions: Sequence[float],
+    test: Mapping[RunKey, Run] | None = None,
+    sources: Mapping[RunKey, Mapping[str, Run]] | None = None,
+    planned: bool = False,
 ) -> Analysis:
-    """Choose each method's rate at the selection level, then judge every method against `baseline` at the chosen
-    rates, level by level: every level on one scale, the baseline's gain over all its rates and seeds."""
+    """Choose each method's rate at the selection level on the validation curves `runs`, then judge every method
+    against `baseline` at the chosen rates, level by level: every level on one scale, the baseline's gain over all
+    its rates and seeds. `test`: each run's test curve, which the verdicts then read; `sources`: each run's curves
+    per retained source (step, target, that source's KL on the verdicts' split); `planned`: Holm over the verdicts."""
     methods = list(dict.fromkeys(key.method for key in runs))
     by_rate: dict[str, dict[float, list[Run]]] = {method: {} for method in methods}
     for key, run in runs.items():
@@ -76,5 +99,33 @@ def analyse(
     selection = gain_level(selection_fraction, baseline_groups)
     levels = [gain_level(fraction, baseline_groups) for fraction in fractions]
     choices = [choose_rate(method, by_rate[method], selection.value) for method in methods]
-    judged = verdicts(at_chosen_rates(runs, choices), baseline, levels)
-    return Analysis(baseline, selection, RULE, choices, levels, judged, dict(runs))
+    chosen = at_chosen_rates(runs, choices)
+    tested = None if test is None else {(key.method, str(key.seed)): curve for key, curve in test.items()}
+    judged = verdicts(chosen, baseline, levels, tested)
+    if planned:
+        judged = holm_corrected(judged)
+    rows = [] if sources is None else source_rows(runs, sources, choices, levels)
+    split = VALIDATION if test is None else TEST
+    return Analysis(baseline, selection, RULE, choices, levels, judged, dict(runs), split, planned, rows)
+
+
+def source_rows(
+    runs: Mapping[RunKey, Run],
+    sources: Mapping[RunKey, Mapping[str, Run]],
+    choices: Sequence[RateChoice],
+    levels: Sequence[GainLevel],
+) -> list[SourceRow]:
+    """Each method's drift per retained source at every level, its chosen runs' points found on validation."""
+    rates = {choice.method: choice.rate for choice in choices}
+    chosen = [key for key in runs if key.learning_rate == rates[key.method]]
+    rows = []
+    for method in rates:
+        keys = [key for key in chosen if key.method == method]
+        for source in sources[keys[0]]:
+            kls = {key: {step: kl for step, _, kl in sources[key][source].checkpoints} for key in keys}
+            drifts = [
+                seeds_geometric_mean([runs[key].drift_at(level.value, kls[key]).drift for key in keys])
+                for level in levels
+            ]
+            rows.append(SourceRow(method, source, drifts))
+    return rows

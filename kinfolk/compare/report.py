@@ -71,12 +71,15 @@ def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
         },
         "fractions": analysis.fractions,
         "levels": [asdict(level) for level in analysis.levels],
+        "verdict_split": analysis.split,
+        "planned": analysis.planned,
+        "sources": [asdict(row) for row in analysis.sources],
         "verdicts": [asdict(verdict) for verdict in analysis.verdicts],
         "runs": [
             {**asdict(key), "path": run.path, "checkpoints": sorted(run.checkpoints)}
             for key, run in analysis.runs.items()
         ],
-        "caveat": CAVEAT,
+        "caveat": CAVEAT if analysis.split == "validation" else None,
     }
 
 
@@ -118,8 +121,23 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
         lines += [f"Matched-gain reports of the chosen runs, at the levels every one reaches: {reports}.", ""]
     else:
         lines += ["No matched-gain report: no verdict level is reached by every chosen run.", ""]
-    lines += [f"Caveat: {CAVEAT}", ""]
+    lines += source_table(analysis)
+    if analysis.split == "validation":
+        lines += [f"Caveat: {CAVEAT}", ""]
     return "\n".join(lines)
+
+
+def source_table(analysis: Analysis) -> list[str]:
+    """report.md's rows per retained source (with more than one): each method's drift on each at every level."""
+    if len({row.source for row in analysis.sources}) < 2:
+        return []
+    levels = " | ".join(f"{level.fraction:.0%} ({level.value:.4g})" for level in analysis.levels)
+    lines = [f"## Drift per retained source ({analysis.split}; geometric mean over the chosen seeds)", ""]
+    lines += [f"| method | source | {levels} |", "|---|---|" + "---|" * len(analysis.levels)]
+    for row in analysis.sources:
+        cells = " | ".join("not reached" if drift is None else f"{drift:.4g}" for drift in row.drifts)
+        lines.append(f"| {row.method} | {row.source} | {cells} |")
+    return [*lines, ""]
 
 
 def plot_curves(analysis: Analysis, path: Path) -> None:
