@@ -4,8 +4,8 @@ by a verb without `--bf16`, sends the user from one error to the next). A messag
 where the module is imported; `HINTS` maps each hint to those verbs.
 
 >>> note = f"training in fp32 (pass {suggest('--bf16 true', 'sft', 'distil')} for CPU bf16 autocast)"
->>> note, HINTS["--bf16 true"]
-('training in fp32 (pass --bf16 true for CPU bf16 autocast)', {'distil', 'sft'})
+>>> note, sorted(HINTS["--bf16 true"])
+('training in fp32 (pass --bf16 true for CPU bf16 autocast)', ['distil', 'sft'])
 """
 
 from __future__ import annotations

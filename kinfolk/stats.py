@@ -332,6 +332,9 @@ def one_sample_t_p(values: Sequence[float] | np.ndarray, null: float = 0.0) -> f
     return _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))  # both tails, without 1 − cdf's rounding
 
 
+HOLM_LEVEL = 0.05  # a primary survives Holm's correction when its adjusted p-value is below this
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input's order: the k-th smallest is multiplied by (m − k + 1),
     made non-decreasing along the order, and capped at 1.

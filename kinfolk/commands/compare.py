@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from kinfolk.console import show
 
     analysis = run_comparison(args, PROG)
+    if analysis is None:
+        show("another process still trains a run of this comparison: the last one to finish writes the report")
+        return 0
     show("\n".join(verdict.line for verdict in analysis.verdicts))
     reached = ", ".join(f"{method} {share:.0%}" for method, share in analysis.reached.items() if share is not None)
     if reached:

@@ -17,6 +17,7 @@ ValueError: --methods: unknown method 'dora'; choose from lora, atlas, norm_matc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kinfolk.compare.methods import METHODS
 
@@ -32,10 +33,12 @@ class CompareArguments:
             "folder or a Hub dataset, with a training and a validation split."
         }
     )
-    retained_dataset_name: str = field(
+    retained_dataset_name: list[str] = field(
         metadata={
             "help": "Retained data (the same formats) with a training split (replay, Output-KL, the ATLAS fit) and a "
-            "split the retained KL is measured on."
+            "split the retained KL is measured on; several sources as several values (a YAML list), each PATH or "
+            "NAME=PATH (the name defaults to the folder's): the KL is measured per source, and the drift is their "
+            "geometric mean."
         }
     )
     out: str = field(
@@ -62,6 +65,20 @@ class CompareArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "Split of --dataset_name trained on."})
     dataset_validation_split: str = field(
         default="validation", metadata={"help": "Split of --dataset_name the target metric is measured on."}
+    )
+    test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of --dataset_name and of every retained source that only the verdicts read (every choice "
+            "reads the validation splits); needed by --plan."
+        },
+    )
+    plan: bool = field(
+        default=False,
+        metadata={
+            "help": "Confirmatory mode: write OUT/plan.json (every setting, the primaries, its hash) before any run, "
+            "refuse runs under a changed plan, and correct the primaries' verdicts by Holm (needs --test_split)."
+        },
     )
     retained_train_split: str = field(
         default="train", metadata={"help": "Split of --retained_dataset_name that replay, Output-KL and ATLAS use."}
@@ -136,6 +153,18 @@ class CompareArguments:
     verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else OUT/run.log has it)."})
 
     def __post_init__(self) -> None:
+        if isinstance(self.retained_dataset_name, str):  # one source, as a keyword or a YAML scalar
+            self.retained_dataset_name = [self.retained_dataset_name]
+        names = [name for name, _ in self._named_sources()]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"--retained_dataset_name needs at least one source and distinct names, got {names} "
+                             "(name two sources of one folder name NAME=PATH)")  # fmt: skip
+        if self.plan and self.test_split is None:
+            raise ValueError("--plan needs --test_split: the verdicts of a planned comparison read test splits only")
+        if self.test_split is not None and self.lm_eval_task is not None:
+            raise ValueError("--test_split and --lm_eval_task: an lm-eval task has no test split of kinfolk's")
+        if self.test_split in (self.dataset_validation_split, self.retained_kl_split, self.dataset_train_split):
+            raise ValueError(f"--test_split {self.test_split} is also a training or validation split")
         unknown = [method for method in self.methods if method not in METHODS]
         if unknown:
             raise ValueError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
@@ -171,3 +200,18 @@ class CompareArguments:
         if "output_kl_coef" in regularisers and not self.output_kl_coef > 0:
             raise ValueError(f"--output_kl_coef must be positive for {regularisers['output_kl_coef']}, got "
                              f"{self.output_kl_coef}")  # fmt: skip
+
+    def retained_sources(self) -> dict[str, str]:
+        """Each retained source's name and data path (`NAME=PATH`, or the path's last part as its name).
+
+        >>> CompareArguments(model_name_or_path="m", dataset_name="d", out="o",
+        ...                  retained_dataset_name=["prose/", "code=data/code"]).retained_sources()
+        {'prose': 'prose/', 'code': 'data/code'}
+        """
+        return dict(self._named_sources())
+
+    def _named_sources(self) -> list[tuple[str, str]]:
+        return [
+            tuple(value.split("=", 1)) if "=" in value else (Path(value).name or value, value)
+            for value in self.retained_dataset_name
+        ]

@@ -84,6 +84,9 @@ def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
         "fractions": analysis.fractions,
         "levels": [asdict(level) for level in analysis.levels],
         "verdicts": [asdict(verdict) for verdict in analysis.verdicts],
+        "verdict_split": analysis.split,
+        "planned": analysis.planned,
+        "sources": [asdict(row) for row in analysis.sources],
         "reached": analysis.reached,
         "edge_warnings": analysis.edge_warnings,
         "churn": [asdict(churn) for churn in churn_at_levels(analysis)],
@@ -91,7 +94,7 @@ def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
             {**asdict(key), "path": run.path, "checkpoints": sorted(run.checkpoints)}
             for key, run in analysis.runs.items()
         ],
-        "caveat": CAVEAT,
+        "caveat": CAVEAT if analysis.split == "validation" else None,
     }
 
 
@@ -172,7 +175,9 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
         lines += [f"Matched-gain reports of the chosen runs, at the levels every one reaches: {reports}.", ""]
     else:
         lines += ["No matched-gain report: no verdict level is reached by every chosen run.", ""]
-    lines += [f"Caveat: {CAVEAT}", ""]
+    lines += source_table(analysis)
+    if analysis.split == "validation":
+        lines += [f"Caveat: {CAVEAT}", ""]
     return "\n".join(lines)
 
 
@@ -181,7 +186,8 @@ def matched_table(analysis: Analysis, churns: Sequence[LevelChurn]) -> list[str]
     its final point, which sits at another target for each method."""
     chosen = analysis.chosen_runs()
     heads = [f"{level.fraction:.0%} (target {level.value:.4g})" for level in analysis.levels]
-    lines = ["## Drift and churn at the matched levels (means over seeds)", ""]
+    read = "" if analysis.split == "validation" else "; both read on validation, the verdicts on test"
+    lines = [f"## Drift and churn at the matched levels (means over seeds{read})", ""]
     lines.append(
         "| method | rate | seeds | reaches | " + " | ".join(f"drift at {h} | churn at {h}" for h in heads) + " |"
     )
@@ -197,4 +203,17 @@ def matched_table(analysis: Analysis, churns: Sequence[LevelChurn]) -> list[str]
             cells.append(NOT_REACHED if drift is None else f"{drift:.4g}")
             cells.append("-" if churn.changed is None else f"{_count(churn.changed)} of {churn.prompts}")
         lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def source_table(analysis: Analysis) -> list[str]:
+    """report.md's rows per retained source (with more than one): each method's drift on each at every level."""
+    if len({row.source for row in analysis.sources}) < 2:
+        return []
+    levels = " | ".join(f"{level.fraction:.0%} ({level.value:.4g})" for level in analysis.levels)
+    lines = [f"## Drift per retained source ({analysis.split}; geometric mean over the chosen seeds)", ""]
+    lines += [f"| method | source | {levels} |", "|---|---|" + "---|" * len(analysis.levels)]
+    for row in analysis.sources:
+        cells = " | ".join("not reached" if drift is None else f"{drift:.4g}" for drift in row.drifts)
+        lines.append(f"| {row.method} | {row.source} | {cells} |")
     return [*lines, ""]

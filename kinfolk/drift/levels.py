@@ -9,6 +9,8 @@ choose with it (`kinfolk.lab.methods.selection` keeps the lab's earlier rule for
   rate choice's level and the verdicts' levels are points of one scale (`GainLevel`, shown as one number);
 - **a run's drift at a level** is its drift when it first reached the level, read off its running-maximum
   envelope and interpolated, never extrapolated (`kinfolk.drift.Run.drift_at`);
+- **drift over several retained sources** is the geometric mean of their KLs, each floored at `KL_FLOOR`
+  (`sources_drift`, the lab's definition too);
 - **a method's drift at a level** is the geometric mean of its seeds' drifts (`seeds_drift`, `kinfolk.stats.seeds_geometric_mean`): None when a seed
   never reaches the level, 0 when a seed reaches it undrifted (the untouched start), whose log the mean cannot take
   and whose product is 0.
@@ -25,7 +27,8 @@ choose with it (`kinfolk.lab.methods.selection` keeps the lab's earlier rule for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +37,7 @@ from kinfolk.drift.matching import START_STEP, Run
 from kinfolk.errors import InputError
 from kinfolk.stats import seeds_geometric_mean
 
+KL_FLOOR = 1e-12  # a trained checkpoint's KL is positive; the floor only guards log(0)
 LEVEL_RULE = (
     "a level is start + fraction x (reference - start): start the baseline runs' mean step-0 score, reference the "
     "best over the baseline's learning rates of the lowest best score among that rate's seeds; a method's drift at a "
@@ -91,3 +95,13 @@ def reached_fraction(runs: Sequence[Run], scale: GainLevel) -> float | None:
         return None
     lowest_best = min(run.envelope()[-1][1] for run in runs)
     return (lowest_best - scale.start) / (scale.reference - scale.start)
+
+
+def sources_drift(kls: Iterable[float]) -> float:
+    """The drift over retained sources: the geometric mean of their KLs, each floored at `KL_FLOOR`.
+
+    >>> round(sources_drift([0.01, 0.04]), 12), round(sources_drift([0.0, 1.0]), 12)  # 0 counts as 1e-12
+    (0.02, 1e-06)
+    """
+    values = [max(kl, KL_FLOOR) for kl in kls]
+    return math.exp(sum(math.log(value) for value in values) / len(values))

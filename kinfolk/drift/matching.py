@@ -100,9 +100,13 @@ class Run:
         """Target scores of the checkpoints after training began (the untouched start left out)."""
         return [target for step, target, _ in self.checkpoints if step != START_STEP]
 
-    def drift_at(self, level: float) -> LevelValue:
-        """The drift when this run first reached `level`, interpolated along its envelope (see the module)."""
+    def drift_at(self, level: float, drifts: Mapping[int, float] | None = None) -> LevelValue:
+        """The drift when this run first reached `level`, interpolated along its envelope (see the module). With
+        `drifts` (step -> drift, measured at the same checkpoints on other rows: a test split), the point is found on
+        this run's own target and the drift read there is theirs, interpolated between the same two checkpoints."""
         records = self.envelope()
+        if drifts is not None:
+            records = [(step, target, drifts[step]) for step, target, _ in records]
         if level < records[0][1]:
             return LevelValue(None, f"not reached: below its first measured score {records[0][1]:g}")
         if level > records[-1][1]:
