@@ -7,8 +7,11 @@ callbacks); the lab's ATLAS experiments build their adapters from its method reg
 - `grid`: the runs, their folders and `run.json` records, training them with resume per run;
 - `selection`: the rule that chooses each method's learning rate on the validation curves;
 - `verdicts`: one line per method and level against the baseline (`kinfolk.drift`'s matching and intervals);
-- `analysis`: the two together, from every run's curve;
-- `report`: the report folder (report.md, report.json, curves.png and a `kinfolk drift` report per method);
+- `grid_edge`: the warning when a chosen rate sits at its grid's end;
+- `analysis`: the two together, from every run's curve (with the share of the baseline's gain each method reaches);
+- `answers`: the retained prompts' greedy answers each run keeps, and the answer churn at a level;
+- `figures`: compare.png (every chosen method on one pair of axes) and curves.png (the rate choice);
+- `report`: the report folder (report.md, report.json, the figures and a `kinfolk drift` report per method);
 - `comparison`: all of it in order, what `kinfolk compare` calls.
 
 Names are imported on first use (`kinfolk.lazy`), so the command's `--help` loads no training stack;
