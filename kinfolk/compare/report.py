@@ -1,7 +1,8 @@
 """The comparison's report folder, written whole or not at all (`kinfolk.atomic`):
 
-- `report.md`: the verdict lines, each method's rate choice (every rate's drift at the selection level), the chosen
-  points and the caveat of choosing on the curves the verdicts read;
+- `report.md`: the mode (planned or exploratory) and set-up, the verdict lines, each method's rate choice (every
+  rate's drift at the selection level), the chosen points, each retained source's drift at every level (with
+  several sources) and, when the verdicts read validation, the caveat of choosing on the curves they read;
 - `report.json`: the same numbers (`Analysis`), with every run's folder;
 - `curves.png`: per method, the target against the step and the retained KL against the target, every rate's runs
   (the chosen rate drawn bold, the selection level dashed);
@@ -27,8 +28,8 @@ from kinfolk.drift.matching import START_STEP
 
 CAVEAT = (
     "Each method's rate is chosen on the same validation curves the verdicts read: with several rates per method "
-    "that flatters every method by its best-of-k. For a confirmatory comparison rerun the chosen rates with fresh "
-    "seeds into another --out (one rate per method leaves nothing to choose)."
+    "that flatters every method by its best-of-k. For a confirmatory comparison give --test_split (the verdicts then "
+    "read test) and --plan."
 )
 
 
