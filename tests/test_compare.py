@@ -13,7 +13,6 @@ validation NLL against a plain forward pass; measuring leaves training unchanged
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from compare_helpers import drift_when_reached, geometric_mean, logged_curve, write_splits
 from refusal_helpers import assert_command_refused
 from sft_helpers import CPU_FP32
 
@@ -35,13 +35,6 @@ from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
 SELECTION_FRACTION = 0.25
 LEVELS = [0.25, 0.5, 0.75]
-
-
-def write_splits(folder: Path, seed: int) -> Path:
-    folder.mkdir(parents=True)
-    prompt_completion_dataset(32, seed=seed).to_json(str(folder / "train.jsonl"))
-    prompt_completion_dataset(8, seed=seed + 1).to_json(str(folder / "validation.jsonl"))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -87,42 +80,12 @@ def report(out: Path) -> dict:
 # --- curves read by hand from the logs -----------------------------------------------------------------------------
 
 
-def logged_curve(folder: Path) -> list[tuple[int, float, float]]:
-    """(step, target, retained KL) at the steps carrying both, from drift.jsonl as written."""
-    merged: dict[int, dict] = {}
-    for line in (folder / "drift.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        merged.setdefault(row["step"], {}).update(row)
-    return sorted(
-        (s, r["target"], r["retained_kl"]) for s, r in merged.items() if "target" in r and "retained_kl" in r
-    )
-
-
-def drift_when_reached(curve, level: float) -> float | None:
-    """The documented reading, written out: records of the running maximum; linear from step 0, geometric after."""
-    records = []
-    for point in curve:
-        if not records or point[1] > records[-1][1]:
-            records.append(point)
-    if not records[0][1] <= level <= records[-1][1]:
-        return None
-    for (step, low, low_kl), (_, high, high_kl) in itertools.pairwise(records):
-        if low < level < high:
-            f = (level - low) / (high - low)
-            return low_kl + f * (high_kl - low_kl) if step == 0 else low_kl ** (1 - f) * high_kl**f
-    return next(kl for _, target, kl in records if target == level)
-
-
 def curves(out: Path) -> dict[tuple[str, float, int], list]:
     found = {}
     for folder in run_folders(out):
         method, rate, seed = folder.parts[-3], float(folder.parts[-2].removeprefix("lr-")), int(folder.parts[-1][5:])
         found[method, rate, seed] = logged_curve(folder)
     return found
-
-
-def geometric_mean(values):
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 # --- the micro grid ------------------------------------------------------------------------------------------------
@@ -210,6 +173,7 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
         assert verdict["line"].startswith(f"atlas vs lora at target {level:.4g} ({fraction:.0%} of lora's gain): ")
     assert reached, "the micro grid should reach a verdict level"
     text = (micro / "report" / "report.md").read_text()
+    assert text.splitlines()[2].startswith("Exploratory comparison (no --plan)")
     assert all(f"- {verdict['line']}" in text for verdict in saved["verdicts"])
     assert (micro / "report" / "curves.png").stat().st_size > 0
     assert (micro / "report" / "drift-atlas" / "report.md").is_file()
@@ -331,6 +295,9 @@ def no_model_loads(monkeypatch):
         (["--eval_steps", "20"], "need 1 <= --eval_steps <= --max_steps"),
         (["--dataset_validation_split", "dev"], "not 'dev'"),
         (["--retained_kl_split", "test"], "not 'test'"),
+        (["--plan"], "--plan needs --test_split"),
+        (["--retained_dataset_name", "r=a/", "r=b/"], "distinct names, got ['r', 'r']"),
+        (["--test_split", "validation"], "--test_split validation is also a training or validation split"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_model_loads(inputs, tmp_path, no_model_loads, change, named):

@@ -110,7 +110,10 @@ def analyse(
     levels = [gain_level(fraction, baseline_groups) for fraction in fractions]
     choices = [choose_rate(method, by_rate[method], selection.value) for method in methods]
     chosen = at_chosen_rates(runs, choices)
-    tested = None if test is None else {(key.method, str(key.seed)): curve for key, curve in test.items()}
+    rates = {choice.method: choice.rate for choice in choices}
+    tested = None
+    if test is not None:  # the chosen runs' test curves, by (method, seed) as `verdicts` pairs them
+        tested = {(k.method, str(k.seed)): curve for k, curve in test.items() if k.learning_rate == rates[k.method]}
     judged = verdicts(chosen, baseline, levels, tested)
     if planned:
         judged = holm_corrected(judged)

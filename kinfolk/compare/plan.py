@@ -16,6 +16,7 @@ already seen). Without `--plan` and without a plan.json the comparison is explor
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,20 +75,31 @@ def fix_plan(args: CompareArguments, out: str | Path, run_folders: int) -> PlanS
     path = Path(out) / PLAN_FILE
     fixed = {"settings": settings(args), "primaries": primaries(args)}
     digest = fingerprint(fixed)
-    if path.is_file():
-        saved = read_json(path, "comparison plan")
-        if saved.get("hash") != digest:
-            changed = sorted(
-                name for name in {*fixed["settings"], *saved.get("settings", {})}
-                if fixed["settings"].get(name) != saved.get("settings", {}).get(name)
-            ) or ["the primaries"]  # fmt: skip
-            raise InputError(
-                f"{path}: these settings differ from the plan's ({', '.join(changed)}); a planned comparison runs "
-                "under its plan only: restore them or use another --out"
-            )
-        return PlanState(digest, saved["primaries"], saved["preceded_runs"])
-    if not args.plan:
-        return None
-    state = PlanState(digest, fixed["primaries"], run_folders == 0)
-    write_json(path, {**fixed, "hash": digest, "preceded_runs": state.preceded_runs})
-    return state
+    if not path.is_file():
+        if not args.plan:
+            return None
+        # processes started alike on one OUT: the first plan written stands, the others are checked against it
+        _write_once(path, {**fixed, "hash": digest, "preceded_runs": run_folders == 0})
+    saved = read_json(path, "comparison plan")
+    if saved.get("hash") != digest:
+        changed = sorted(
+            name for name in {*fixed["settings"], *saved.get("settings", {})}
+            if fixed["settings"].get(name) != saved.get("settings", {}).get(name)
+        ) or ["the primaries"]  # fmt: skip
+        raise InputError(
+            f"{path}: these settings differ from the plan's ({', '.join(changed)}); a planned comparison runs "
+            "under its plan only: restore them or use another --out"
+        )
+    return PlanState(digest, saved["primaries"], saved["preceded_runs"])
+
+
+def _write_once(path: Path, payload: dict[str, Any]) -> None:
+    """Write `payload` whole to `path` unless a file is there already (a hard link cannot replace one)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    write_json(staging, payload)
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        pass
+    finally:
+        staging.unlink()

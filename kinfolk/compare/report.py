@@ -1,10 +1,11 @@
 """The comparison's report folder, written whole or not at all (`kinfolk.atomic`):
 
-- `report.md`: the answer first — `compare.png`, the verdict lines (in `kinfolk.verdict_words`' words), how much of
-  the baseline's gain each method reaches, the answer churn at each verdict level beside the drift, and a warning
+- `report.md`: the mode (planned or exploratory) and the answer first — `compare.png`, the verdict lines (in
+  `kinfolk.verdict_words`' words), how much of the baseline's gain each method reaches, the answer churn at each verdict level beside the drift, and a warning
   for each chosen rate at its grid's end — then each method's drift and churn at the matched levels, the rate
-  choice (`curves.png` and every rate's drift at the selection level) and the caveat of choosing on the curves the
-  verdicts read;
+  choice (`curves.png` and every rate's drift at the selection level), each retained source's drift at every
+  level (with several sources) and, when the verdicts read validation, the caveat of choosing on the curves they
+  read;
 - `report.json`: the same numbers (`Analysis`, the churn), with every run's folder;
 - `compare.png`, `curves.png` and their axis limits in `figures.json` (`kinfolk.compare.figures`);
 - `drift-<method>/`: for every method but the baseline, `kinfolk drift`'s matched-gain report of the chosen runs
@@ -29,8 +30,8 @@ from kinfolk.verdict_words import NOT_REACHED, WORDS
 
 CAVEAT = (
     "Each method's rate is chosen on the same validation curves the verdicts read: with several rates per method "
-    "that flatters every method by its best-of-k. For a confirmatory comparison rerun the chosen rates with fresh "
-    "seeds into another --out (one rate per method leaves nothing to choose)."
+    "that flatters every method by its best-of-k. For a confirmatory comparison give --test_split (the verdicts then "
+    "read test) and --plan."
 )
 
 
