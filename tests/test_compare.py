@@ -13,6 +13,7 @@ validation NLL against a plain forward pass; measuring leaves training unchanged
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path

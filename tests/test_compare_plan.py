@@ -146,8 +146,9 @@ def test_choices_read_validation_and_verdicts_read_test_with_holm_by_hand(planne
     holm = {low: min(1.0, 2 * low), high: min(1.0, max(2 * low, high))}
     for p, verdict in zip(p_values, saved["verdicts"]):
         assert verdict["p_holm"] == pytest.approx(holm[p])
-        significant = "less drift" if verdict["ratio"] < 1 else "more drift"
-        assert verdict["outcome"] == ("not significant" if holm[p] >= 0.05 else significant)
+        side = "less drift" if verdict["ratio"] < 1 else "more drift"
+        assert verdict["outcome"] == ("not shown" if holm[p] >= 0.05 else "shown")
+        assert verdict["line"].split(": ", 1)[1].startswith("not shown (" if holm[p] >= 0.05 else f"{side} shown (")
         assert f"Holm p {holm[p]:.3g}" in verdict["line"]
     assert "| atlas | code |" in (planned / "report" / "report.md").read_text()
 
@@ -184,13 +185,13 @@ def test_a_live_claim_is_passed_over_and_a_dead_ones_taken_over(tmp_path):
     (keys[1].folder(tmp_path) / "drift.jsonl").write_text('{"step": 0}\n')  # what the dead process left
     trained: list[RunKey] = []
     train, load = stand_in(trained)
-    assert run_grid(keys, tmp_path, {"lora": "s"}, 1, train, load) is None  # keys[0] is still the live one's
+    assert run_grid(keys, tmp_path, {"lora": {"rank": 4}}, 1, train, load) is None  # keys[0] is still the live one's
     assert trained == keys[1:]
     assert read_record(keys[0].folder(tmp_path)) is None
     assert [read_record(key.folder(tmp_path)).final_kl for key in keys[1:]] == [0.1, 0.1]
     assert not (keys[1].folder(tmp_path) / CLAIM_FILE).exists()  # released once trained
     (keys[0].folder(tmp_path) / CLAIM_FILE).unlink()  # the holder went away without finishing
-    assert set(run_grid(keys, tmp_path, {"lora": "s"}, 1, train, load)) == set(keys)
+    assert set(run_grid(keys, tmp_path, {"lora": {"rank": 4}}, 1, train, load)) == set(keys)
     assert trained == [*keys[1:], keys[0]]  # each trained once
 
 

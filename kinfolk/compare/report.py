@@ -36,8 +36,8 @@ CAVEAT = (
 
 
 def write_report(analysis: Analysis, out: str | Path, about: Sequence[str], target: str) -> str:
-    """The report folder `out` (replaced whole); `about` describes the set-up in report.md's first lines, `target`
-    names the target metric. Returns report.md's text."""
+    """The report folder `out` (replaced whole); `about` says the mode (its first line, report.md's first) and the
+    set-up, `target` names the target metric. Returns report.md's text."""
     matched_reports = drift_reports(analysis, target)
     text = report_markdown(analysis, about, list(matched_reports))
     with atomic_directory(out, overwrite=True) as staging:
@@ -125,7 +125,8 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
     methods = [choice.method for choice in analysis.choices]
     baseline = analysis.baseline
     churns = churn_at_levels(analysis)
-    lines = [f"# kinfolk compare: {', '.join(methods)} against {baseline}", "", "## The answer", ""]
+    mode, *setup = about  # the mode (planned or exploratory) heads the report; the rest is the set-up
+    lines = [f"# kinfolk compare: {', '.join(methods)} against {baseline}", "", mode, "", "## The answer", ""]
     lines += [
         f"![every method's retained KL against the target]({COMPARE_FIGURE})",
         "",
@@ -152,7 +153,7 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
         lines.append("")
     if analysis.edge_warnings:
         lines += ["Warnings:", "", *(f"- {warning}" for warning in analysis.edge_warnings), ""]
-    lines += ["## Set-up", "", *about, ""]
+    lines += ["## Set-up", "", *setup, ""]
     lines += matched_table(analysis, churns)
     lines += [
         "## Learning rates, chosen on validation",
