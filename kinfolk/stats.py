@@ -90,6 +90,20 @@ def geometric_mean(values: Sequence[float] | np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(x))))
 
 
+def seeds_geometric_mean(values: Sequence[float | None]) -> float | None:
+    """The geometric mean of per-seed drifts at one level (`kinfolk.drift.levels`'s rule): None when a seed's is
+    missing (it never reached the level), 0 when one is 0 (reached undrifted: the product, and so the mean, is 0).
+
+    >>> round(seeds_geometric_mean([0.02, 0.08]), 12), seeds_geometric_mean([0.02, 0.0]), seeds_geometric_mean([0.02, None])
+    (0.04, 0.0, None)
+    """
+    if any(value is None for value in values):
+        return None
+    if any(value <= 0 for value in values):
+        return 0.0
+    return geometric_mean(values)
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate with a two-sided bootstrap percentile interval."""
@@ -316,6 +330,9 @@ def one_sample_t_p(values: Sequence[float] | np.ndarray, null: float = 0.0) -> f
     t = shift / standard_error
     df = x.size - 1
     return _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))  # both tails, without 1 − cdf's rounding
+
+
+HOLM_LEVEL = 0.05  # a primary survives Holm's correction when its adjusted p-value is below this
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

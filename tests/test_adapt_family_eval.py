@@ -53,7 +53,7 @@ def _route(outcomes, family, out, rows):
     return written
 
 
-def test_heldout_perplexity_over_every_size_feeds_route(family, tmp_path):
+def test_heldout_perplexity_over_every_size_feeds_route(family, tmp_path, capsys):
     data = tmp_path / "heldout.jsonl"
     texts = {str(i): _words(i, 3 + 4 * (i % 3)) for i in range(1, 13)}  # no `id` column: rows are numbered from 1
     levels = {str(i): 1 + i % 3 for i in range(1, 13)}
@@ -75,7 +75,29 @@ def test_heldout_perplexity_over_every_size_feeds_route(family, tmp_path):
             assert row["nll"] == pytest.approx(mean_nll * scored, rel=1e-4)
             assert row["correct"] == pytest.approx(math.exp(-mean_nll), rel=1e-4)
             assert row["prompt"] == texts[row["id"]]
+    eval_printed = capsys.readouterr()
+    assert f"{data}: plain rows, scored as written without a chat template" in eval_printed.err
+    (next_line,) = [line for line in eval_printed.err.splitlines() if "; next: kinfolk route" in line]
+    assert next_line.endswith("--score loss")  # the next command routes on the loss
     _route(outcomes, family, tmp_path / "routing", rows)
+    assert "--score loss" in capsys.readouterr().err  # route on `correct` suggests the loss
+
+    # routed on the loss: each fixed size's point is its mean test loss per token, printed apart from the others
+    argv = ["route", "--outcomes", str(outcomes), "--models_dir", str(family), "--out", str(tmp_path / "by-loss"),
+            "--score", "loss"]  # fmt: skip
+    assert main(argv) == 0
+    written = json.loads((tmp_path / "by-loss" / "routing.json").read_text())
+    printed = capsys.readouterr().out
+    losses = {}
+    for size in SIZES:
+        test_rows = [row for row in rows if row["model"] == size and row["split"] == "test"]
+        losses[size] = sum(row["nll"] / row["scored_tokens"] for row in test_rows) / len(test_rows)
+        assert -written["fixed"][size]["accuracy"] == pytest.approx(losses[size])
+    assert written["score"] == "loss" and len({round(v, 6) for v in losses.values()}) == len(SIZES)
+    lines = {line.split(" | ")[2]: line.split(" | ")[3] for line in printed.splitlines() if "| fixed |" in line}
+    assert len(set(lines.values())) == len(SIZES)  # three distinct printed losses
+    for size, text in lines.items():
+        assert float(text) == pytest.approx(losses[size], rel=1e-2)
 
 
 TASK_YAML = """task: levelled_choice

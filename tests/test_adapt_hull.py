@@ -114,9 +114,9 @@ def test_route_table_is_in_cost_order_with_the_hull_column():
         ["9.333", "fixed", "l"],
     ]
     assert [float(row[0]) for row in rows] == sorted(float(row[0]) for row in rows)
-    assert [row[5] for row in rows] == ["0.667", "0.667", "0.767", "0.800", "1.000"]
+    assert [row[5] for row in rows] == ["0.667", "0.667", "0.767", "0.800", "1.00"]
     assert [row[6] for row in rows] == ["+0", "+0", "-0.1", "+0.2", "+0"]
-    assert "minimum: 1 of 2 routings beat the best random mix of two fixed sizes at equal cost; the best by +0.2" in (
+    assert "minimum: 1 of 2 routings beat the best random mix of two fixed sizes at equal cost; the best by 0.2 higher accuracy" in (
         printed
     )
 
@@ -138,5 +138,6 @@ def test_route_help_says_what_the_hull_is(capsys):
         main(["route", "--help"])
     assert exit_info.value.code == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert "best accuracy any random mix of two fixed sizes reaches at that expected cost" in shown
+    assert "best score any random mix of two fixed sizes reaches at that expected cost" in shown
+    assert "(default: average minimum)" in shown and "np.float64" not in shown  # defaults as a user types them
     assert "a router that does not beat the hull gives nothing a user could not get by sending examples to" in shown

@@ -17,6 +17,7 @@ from kinfolk.plugins.adapt.difficulty import label_tokens, rate_difficulty
 from kinfolk.plugins.adapt.routing import (
     LevelTable,
     Outcomes,
+    data_thresholds,
     frontier,
     measure,
     route_average,
@@ -123,6 +124,26 @@ def test_measure_and_frontier_by_hand():
     assert beats["s"]["dominated"] is False and beats["s"]["gain_at_cost"] == 0.0
 
 
+def test_thresholds_from_the_data_separate_sizes_whose_scores_are_tiny():
+    """Per-token probabilities of a weak family (1e-10 … 1e-5): a fixed 0.01 grid sends every level to one size at
+    every threshold but 0; the table's own values route each level to the size that clears it."""
+    scores = np.array([[1e-6, 1e-5, 2e-5], [1e-10, 1e-7, 1e-5]])  # levels 1, 2 × sizes s, m, l
+    calibration = _split([1, 2], scores, [[1, 2, 4]] * 2)
+    assert data_thresholds(calibration.by_level()) == sorted(set(scores.ravel().tolist()))
+    routed = frontier(calibration, calibration, policies=["minimum"])["routed"]["minimum"]
+    # by hand: each threshold t, per level the cheapest size whose score >= t (the best size where none is)
+    expected = []
+    for t in sorted(set(scores.ravel())):
+        clear = [[m for m in range(3) if row[m] >= t] or [int(np.argmax(row))] for row in scores]
+        assignment = {level: MODELS[min(sizes)] for level, sizes in zip((1, 2), clear)}
+        expected += [assignment] if assignment not in expected else []
+    assert [p["assignment"] for p in routed] == expected
+    assert len(expected) == 5  # (s, s), (s, m), (s, l), (m, l), (l, l)
+    grid = frontier(calibration, calibration, thresholds=[round(t, 2) for t in np.linspace(0, 1, 101)],
+                    policies=["minimum"])["routed"]["minimum"]  # fmt: skip
+    assert len(grid) == 2  # everything to s at 0, every level to its best size above
+
+
 def test_outcomes_are_checked():
     with pytest.raises(InputError, match="correct has shape"):
         Outcomes(MODELS, [1, 2], [[1, 0, 1]], [[1, 1, 1], [1, 1, 1]])
@@ -217,7 +238,7 @@ def test_kinfolk_route_writes_the_librarys_frontier(patched_family, tmp_path, ca
 ROUTE_BAD_ROWS = {
     "no level": ({"level": None}, ["row 1 has no level"]),
     "unknown split": ({"split": "train"}, ["row 1 has split 'train'"]),
-    "non-numeric correct": ({"correct": "yes"}, ["row 1 has a non-numeric correct"]),
+    "non-numeric correct": ({"correct": "yes"}, ["row 1 has a non-numeric or zero score or tokens (correct 'yes'"]),
 }
 
 

@@ -21,26 +21,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from compare_helpers import drift_when_reached, geometric_mean, logged_curve, write_splits
 from refusal_helpers import assert_command_refused
 from sft_helpers import CPU_FP32
 
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.commands import main
-from kinfolk.commands.compare_runs import CompareRuns
 from kinfolk.compare import verdicts
+from kinfolk.compare.runs import CompareRuns
 from kinfolk.drift import Run
+from kinfolk.drift.levels import gain_level
 from kinfolk.testing import build_model, prompt_completion_dataset
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
 SELECTION_FRACTION = 0.25
 LEVELS = [0.25, 0.5, 0.75]
-
-
-def write_splits(folder: Path, seed: int) -> Path:
-    folder.mkdir(parents=True)
-    prompt_completion_dataset(32, seed=seed).to_json(str(folder / "train.jsonl"))
-    prompt_completion_dataset(8, seed=seed + 1).to_json(str(folder / "validation.jsonl"))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +55,7 @@ def compare_argv(inputs, out, *options) -> list[str]:
         "--methods", "lora", "atlas", "--learning_rates", "3e-2", "1e-1", "--seeds", "0", "1",
         "--max_steps", "12", "--eval_steps", "3", "--per_device_train_batch_size", "4", "--rank", "4",
         "--atlas_regions", "2", "--atlas_directions", "2", "--selection_fraction", str(SELECTION_FRACTION),
-        "--levels", *map(str, LEVELS), *options,
+        "--levels", *map(str, LEVELS), "--churn_tokens", "4", *options,
     ]  # fmt: skip
 
 
@@ -86,42 +81,12 @@ def report(out: Path) -> dict:
 # --- curves read by hand from the logs -----------------------------------------------------------------------------
 
 
-def logged_curve(folder: Path) -> list[tuple[int, float, float]]:
-    """(step, target, retained KL) at the steps carrying both, from drift.jsonl as written."""
-    merged: dict[int, dict] = {}
-    for line in (folder / "drift.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        merged.setdefault(row["step"], {}).update(row)
-    return sorted(
-        (s, r["target"], r["retained_kl"]) for s, r in merged.items() if "target" in r and "retained_kl" in r
-    )
-
-
-def drift_when_reached(curve, level: float) -> float | None:
-    """The documented reading, written out: records of the running maximum; linear from step 0, geometric after."""
-    records = []
-    for point in curve:
-        if not records or point[1] > records[-1][1]:
-            records.append(point)
-    if not records[0][1] <= level <= records[-1][1]:
-        return None
-    for (step, low, low_kl), (_, high, high_kl) in itertools.pairwise(records):
-        if low < level < high:
-            f = (level - low) / (high - low)
-            return low_kl + f * (high_kl - low_kl) if step == 0 else low_kl ** (1 - f) * high_kl**f
-    return next(kl for _, target, kl in records if target == level)
-
-
 def curves(out: Path) -> dict[tuple[str, float, int], list]:
     found = {}
     for folder in run_folders(out):
         method, rate, seed = folder.parts[-3], float(folder.parts[-2].removeprefix("lr-")), int(folder.parts[-1][5:])
         found[method, rate, seed] = logged_curve(folder)
     return found
-
-
-def geometric_mean(values):
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 # --- the micro grid ------------------------------------------------------------------------------------------------
@@ -158,11 +123,20 @@ def test_the_grid_trains_every_run_once_and_a_rerun_trains_nothing(inputs, micro
     }
 
 
-def test_each_methods_rate_is_the_hand_computed_choice(micro):
-    found = curves(micro)
+def baseline_scale(found) -> tuple[float, float]:
+    """(start, reference) of the levels: lora's mean step-0 score, and the best over its rates of the lowest best
+    score among the rate's seeds."""
     lora = [curve for (method, _, _), curve in found.items() if method == "lora"]
     start = np.mean([curve[0][1] for curve in lora])
-    level = start + SELECTION_FRACTION * (max(max(t for _, t, _ in curve) for curve in lora) - start)
+    rates = {rate for method, rate, _ in found if method == "lora"}
+    best = {rate: min(max(t for _, t, _ in found["lora", rate, seed]) for seed in (0, 1)) for rate in rates}
+    return start, max(best.values())
+
+
+def test_each_methods_rate_is_the_hand_computed_choice(micro):
+    found = curves(micro)
+    start, reference = baseline_scale(found)
+    level = start + SELECTION_FRACTION * (reference - start)
     selection = report(micro)["selection"]
     assert selection["level"] == pytest.approx(level)
     for choice in selection["choices"]:
@@ -180,12 +154,11 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
     found, saved = curves(micro), report(micro)
     rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
     chosen = {m: [found[m, rates[m], seed] for seed in (0, 1)] for m in ("lora", "atlas")}
-    start = np.mean([curve[0][1] for curve in chosen["lora"]])
-    best = min(max(t for _, t, _ in curve) for curve in chosen["lora"])
+    start, reference = baseline_scale(found)  # the selection level's scale
     assert len(saved["verdicts"]) == len(LEVELS)
     reached = 0
     for fraction, verdict in zip(LEVELS, saved["verdicts"]):
-        level = start + fraction * (best - start)
+        level = start + fraction * (reference - start)
         assert verdict["level"] == pytest.approx(level)
         atlas = [drift_when_reached(curve, level) for curve in chosen["atlas"]]
         lora = [drift_when_reached(curve, level) for curve in chosen["lora"]]
@@ -196,13 +169,102 @@ def test_the_verdicts_recompute_from_the_chosen_runs_logs(micro):
         assert verdict["ratio"] == pytest.approx(geometric_mean([a / b for a, b in zip(atlas, lora)]))
         assert verdict["drift"] == pytest.approx(geometric_mean(atlas))
         assert verdict["baseline_drift"] == pytest.approx(geometric_mean(lora))
-        assert verdict["outcome"] == "not significant"  # two seeds: no interval
+        assert verdict["outcome"] == "not tested"  # two seeds: no interval, so nothing was tested
+        assert "not tested (2 seeds; an interval needs 5): ratio " in verdict["line"]
         assert verdict["line"].startswith(f"atlas vs lora at target {level:.4g} ({fraction:.0%} of lora's gain): ")
     assert reached, "the micro grid should reach a verdict level"
     text = (micro / "report" / "report.md").read_text()
+    assert text.splitlines()[2].startswith("Exploratory comparison (no --plan)")
     assert all(f"- {verdict['line']}" in text for verdict in saved["verdicts"])
     assert (micro / "report" / "curves.png").stat().st_size > 0
     assert (micro / "report" / "drift-atlas" / "report.md").is_file()
+
+
+def test_the_report_opens_with_the_answer_on_shared_axes(micro):
+    """report.md opens with compare.png and the verdicts, in the four words; curves.png's panels share their axes
+    row by row and compare.png's axes hold every chosen run's drift (the limits the figures were drawn with)."""
+    saved, text = report(micro), (micro / "report" / "report.md").read_text()
+    answer = text[text.index("## The answer") : text.index("## Set-up")]
+    assert answer.index("![") < answer.index("- atlas vs lora at target")  # the figure first, then the verdicts
+    assert "(compare.png)" in answer
+    assert {verdict["outcome"] for verdict in saved["verdicts"]} <= {"shown", "not shown", "not tested", "not reached"}
+    limits = json.loads((micro / "report" / "figures.json").read_text())
+    curves_panels = limits["curves.png"]
+    assert len(curves_panels) == 4  # two methods x (target by step, KL by target)
+    top, bottom = curves_panels[:2], curves_panels[2:]
+    for row in (top, bottom):
+        assert row[0]["xlim"] == row[1]["xlim"] and row[0]["ylim"] == row[1]["ylim"]
+    (compare_axes,) = limits["compare.png"]
+    assert (
+        compare_axes["yscale"] == "log"
+        and "retained KL" in compare_axes["ylabel"]
+        and "target" in (compare_axes["xlabel"])
+    )
+    rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
+    found = curves(micro)
+    drifts = [kl for (method, rate, _), curve in found.items() if rate == rates[method] for step, _, kl in curve
+              if step and kl > 0]  # fmt: skip
+    low, high = compare_axes["ylim"]
+    assert low <= min(drifts) and max(drifts) <= high
+    start, reference = baseline_scale(found)
+    for method in ("lora", "atlas"):  # the share of lora's gain each method reaches, every seed at its chosen rate
+        lowest_best = min(max(t for _, t, _ in found[method, rates[method], seed]) for seed in (0, 1))
+        assert saved["reached"][method] == pytest.approx((lowest_best - start) / (reference - start))
+        assert f"- {method}: {saved['reached'][method]:.0%}" in answer
+
+
+def test_churn_at_each_level_is_read_at_the_checkpoint_nearest_it(micro):
+    """Per chosen run and level: the measurement nearest where the run first reaches the level (by target), and the
+    count of the retained prompts' greedy answers there that differ from step 0's, averaged over seeds."""
+    saved = report(micro)
+    rates = {choice["method"]: choice["rate"] for choice in saved["selection"]["choices"]}
+    measured = 0
+    for churn in saved["churn"]:
+        counts, steps = [], []
+        for seed in (0, 1):
+            folder = micro / "runs" / churn["method"] / f"lr-{rates[churn['method']]:g}" / f"seed-{seed}"
+            answers = {row["step"]: row["answers"] for row in map(json.loads, (folder / "answers.jsonl").open())}
+            assert len(answers[0]) == 8  # every retained validation row (fewer than --churn_prompts)
+            records = []
+            for point in logged_curve(folder):
+                if not records or point[1] > records[-1][1]:
+                    records.append(point)
+            around = [(a, b) for a, b in itertools.pairwise(records) if a[1] <= churn["level"] <= b[1]]
+            if not around:
+                steps.append(None)
+                continue
+            (a, b), level = around[0], churn["level"]
+            step = a[0] if level - a[1] < b[1] - level else b[0]
+            steps.append(step)
+            counts.append(sum(x != y for x, y in zip(answers[0], answers[step])))
+        assert churn["steps"] == steps
+        if None in steps:
+            assert churn["changed"] is None
+            continue
+        measured += 1
+        assert churn["changed"] == pytest.approx(sum(counts) / len(counts)) and churn["prompts"] == 8
+    assert measured, "the micro grid should reach a verdict level"
+    text = (micro / "report" / "report.md").read_text()
+    assert "retained answers changed with" in text and "checkpoint nearest the level" in text
+
+
+def test_a_chosen_rate_at_its_grids_end_is_flagged_with_a_grid_the_command_accepts(micro, inputs):
+    from kinfolk.commands.parsing import VerbParser
+    from kinfolk.compare.options import CompareArguments
+
+    saved = report(micro)
+    warnings = saved["edge_warnings"]
+    assert len(warnings) == 2  # two rates per method: every choice is at an end
+    for warning, choice in zip(warnings, saved["selection"]["choices"]):
+        end = "largest" if choice["rate"] == 0.1 else "smallest"
+        assert warning.startswith(f"{choice['method']}: the chosen --learning_rates {choice['rate']:.3g} is the {end}")
+        suggested = warning.split("e.g. ")[1].split()
+        argv = [str(a) for a in compare_argv(inputs, micro)[1:]]
+        at = argv.index("--learning_rates")
+        argv[at : at + 3] = suggested
+        (args,) = VerbParser(CompareArguments, prog="kinfolk compare").parse(argv)
+        assert len(args.learning_rates) == 3 and choice["rate"] in args.learning_rates
+    assert all(f"- {warning}" in (micro / "report" / "report.md").read_text() for warning in warnings)
 
 
 def test_help_lists_every_option_with_its_help(capsys):
@@ -212,7 +274,7 @@ def test_help_lists_every_option_with_its_help(capsys):
     shown = " ".join(capsys.readouterr().out.split())
     for option in ("--methods", "--learning_rates", "--seeds", "--eval_steps", "--metric", "--lm_eval_task"):
         assert option in shown
-    assert "lora_output_kl: LoRA plus Output-KL" in shown
+    assert "lora_output_kl: LoRA plus Output-KL" in shown and "osf: OSF" in shown
 
 
 @pytest.fixture
@@ -220,7 +282,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr("kinfolk.commands.compare_runs.AutoModelForCausalLM.from_pretrained", refuse)
+    monkeypatch.setattr("kinfolk.compare.runs.AutoModelForCausalLM.from_pretrained", refuse)
 
 
 @pytest.mark.parametrize(
@@ -234,6 +296,9 @@ def no_model_loads(monkeypatch):
         (["--eval_steps", "20"], "need 1 <= --eval_steps <= --max_steps"),
         (["--dataset_validation_split", "dev"], "not 'dev'"),
         (["--retained_kl_split", "test"], "not 'test'"),
+        (["--plan"], "--plan needs --test_split"),
+        (["--retained_dataset_name", "r=a/", "r=b/"], "distinct names, got ['r', 'r']"),
+        (["--test_split", "validation"], "--test_split validation is also a training or validation split"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_any_model_loads(inputs, tmp_path, no_model_loads, change, named):
@@ -245,7 +310,9 @@ def test_a_run_trained_under_other_settings_is_refused_naming_it(inputs, micro, 
     argv = compare_argv(inputs, micro)
     argv[argv.index("--max_steps") + 1] = "6"
     before = {folder: (folder / "drift.jsonl").read_bytes() for folder in run_folders(micro)}
-    assert_command_refused(argv, micro / "runs" / "lora" / "lr-0.03" / "seed-0", "trained with other settings")
+    assert_command_refused(
+        argv, micro / "runs" / "lora" / "lr-0.03" / "seed-0", "trained with other settings (max_steps 12 (now 6))"
+    )
     assert {folder: (folder / "drift.jsonl").read_bytes() for folder in run_folders(micro)} == before
 
 
@@ -264,10 +331,11 @@ def test_five_seeds_give_a_t_interval_and_a_verdict_either_way():
         return made
 
     for ratios, outcome in (
-        ([0.5, 0.55, 0.45, 0.6, 0.5], "less drift"),
-        ([0.5, 2.0, 0.8, 1.5, 1.1], "not significant"),
+        ([0.5, 0.55, 0.45, 0.6, 0.5], "shown"),
+        ([0.5, 2.0, 0.8, 1.5, 1.1], "not shown"),
     ):
-        (verdict,) = verdicts(runs(ratios), "lora", [0.5])
+        made = runs(ratios)
+        (verdict,) = verdicts(made, "lora", [gain_level(0.5, [[run for run in made if run.method == "lora"]])])
         logs = np.log(ratios)
         half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
         assert verdict.ratio == pytest.approx(math.exp(logs.mean()))
@@ -275,7 +343,8 @@ def test_five_seeds_give_a_t_interval_and_a_verdict_either_way():
             (math.exp(logs.mean() - half), math.exp(logs.mean() + half))
         )
         assert verdict.outcome == outcome
-        assert ("not significant" in verdict.line) == (outcome == "not significant")
+        said = {"shown": "less drift shown (ratio", "not shown": "not shown (ratio"}[outcome]
+        assert said in verdict.line and "significant" not in verdict.line
 
 
 # --- the target metric callback ------------------------------------------------------------------------------------

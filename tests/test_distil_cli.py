@@ -122,3 +122,28 @@ def test_bad_teachers_data_and_checkpoints_are_refused_before_any_process_starts
     (out / "kept").write_text("old output")
     assert_command_refused([*common, "--overwrite", "--sft_data", tmp_path / "missing.jsonl"], "missing.jsonl")
     assert (out / "kept").read_text() == "old output"
+
+
+def test_reading_the_data_prints_nothing_of_the_libraries_on_the_terminal(tiny_kit, tmp_path, monkeypatch, capfd):
+    """datasets' "Generating train split" lines, printed as the checks read the data before any process starts,
+    stay off the terminal; the checks' log joins OUT/run.log, the log the launched processes write to."""
+    import kinfolk.commands.distil as distil_command
+
+    monkeypatch.setattr(distil_command, "launch", lambda *args, **kwargs: 0)  # the checks only, no training
+    prompt_completion_dataset(4).to_json(tmp_path / "sft.jsonl")  # a file datasets has not cached
+    out = tmp_path / "out"
+    argv = ["distil", "--teacher", str(tiny_kit.model_dir("llama", "large")), "--out", str(out), "--use_cpu",
+            "--sft_data", str(tmp_path / "sft.jsonl")]  # fmt: skip
+    capfd.readouterr()  # the kit's own progress lines
+    import importlib
+
+    bars = importlib.import_module("datasets.utils.tqdm")  # the module (`datasets.utils.tqdm` names its class)
+
+    # the bars on, as a user's terminal has them (the suite's conftest switches them off, with priority)
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS")
+    monkeypatch.setattr(bars, "HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+    monkeypatch.setattr(bars, "_hf_datasets_progress_bars_disabled", False)
+    assert kinfolk_main(argv) == 0
+    terminal = capfd.readouterr()
+    assert terminal.out == "" and terminal.err.splitlines() == [f"wrote {out}: {INIT}/, {DISTILLED}/, {DELTA}/"]
+    assert (out / "run.log").is_file()

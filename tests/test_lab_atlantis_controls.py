@@ -11,6 +11,7 @@ import pytest
 from datasets import Dataset
 from lab_helpers import MICRO, run_micro
 
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.atlantis_controls.arms import filtered_rows, training_rows, verifier_precision
 from kinfolk.lab.experiments.atlantis_controls.experiment import (
     EXPLORATORY,
@@ -21,7 +22,6 @@ from kinfolk.lab.experiments.atlantis_controls.experiment import (
 )
 from kinfolk.lab.experiments.atlantis_controls.runs import AtlantisControlsRuns, grid_key
 from kinfolk.lab.experiments.atlantis_controls.settings import ControlsSettings
-from kinfolk.lab.protocol.claims import claimed
 
 
 def test_arms_rows_and_weights_by_hand():

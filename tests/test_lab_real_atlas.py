@@ -167,7 +167,7 @@ def test_a_run_claimed_by_a_live_process_is_left_to_it_and_a_dead_ones_claim_is_
     import subprocess
 
     from kinfolk.atomic import current_writer
-    from kinfolk.lab.protocol.claims import claimed
+    from kinfolk.claims import claimed
 
     # this process holds it and is alive: a second claim waits its turn
     with claimed(tmp_path) as first, claimed(tmp_path) as second:

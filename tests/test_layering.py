@@ -7,8 +7,8 @@ and checked against the layer of the importing module:
    import no kinfolk component and no app;
 2. components (plugins, trainers, callbacks, eval_tasks) import foundations, never an app, and another component
    only along a listed edge of a method's own pipeline;
-3. apps (the command line and its helpers, e.g. the drift report, the lab, and the integrations into other tools such
-   as axolotl) may import anything.
+3. apps (the command line and its helpers, e.g. the drift report, `kinfolk compare`, the lab, and the integrations
+   into other tools such as axolotl) may import anything.
 """
 
 import ast
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"kinfolk": "kinfolk", "plugins": "kinfolk.plugins", "trainers": "kinfolk.trainers",
            "callbacks": "kinfolk.callbacks", "eval_tasks": "kinfolk.eval_tasks"}  # fmt: skip
 COMPONENTS = ("kinfolk.plugins", "kinfolk.trainers", "kinfolk.callbacks", "kinfolk.eval_tasks")
-APPS = ("kinfolk.commands", "kinfolk.lab", "kinfolk.integrations", "kinfolk.__main__")
+APPS = ("kinfolk.commands", "kinfolk.compare", "kinfolk.lab", "kinfolk.integrations", "kinfolk.__main__")
 # The package root registers the ATLAS tuner when PEFT is imported: `import kinfolk` must make adapters loadable.
 ROOT_EXCEPTIONS = {"kinfolk.plugins.atlas"}
 # Component -> component edges inside one method's pipeline, with the reason.

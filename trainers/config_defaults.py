@@ -18,7 +18,7 @@ nobody typed; `carry_checkpointing_alias` moves the value to the new name first 
 >>> from types import SimpleNamespace
 >>> config = SimpleNamespace(use_cpu=True, bf16=None, fp16=False)
 >>> device_defaults(config, accelerator=True, bf16_accelerator=True)
-'bf16 was not set and training runs on the CPU: training in fp32 (pass --bf16 true for CPU bf16 autocast)'
+'bf16 was not set and training runs on the CPU: training in fp32 (for CPU bf16 autocast: --bf16 true on kinfolk sft and distil)'
 >>> config.bf16
 False
 """
@@ -29,7 +29,11 @@ import logging
 import os
 from typing import Any
 
+from kinfolk.hints import suggest
+
 logger = logging.getLogger(__name__)
+# named with the verbs that take it: the note is also logged by trainings the lab and compare start, which do not
+BF16_HINT = suggest("--bf16 true", "sft", "distil")
 
 # Set once the choice has been said: by the `kinfolk sft` process and inherited by the processes it launches.
 SAID_ENV = "KINFOLK_DEVICE_DEFAULTS_SAID"
@@ -44,8 +48,8 @@ def device_defaults(config: Any, accelerator: bool, bf16_accelerator: bool) -> s
     if config.bf16 is None and not config.fp16 and (config.use_cpu or not bf16_accelerator):
         config.bf16 = False
         if config.use_cpu:
-            notes.append("bf16 was not set and training runs on the CPU: training in fp32 (pass --bf16 true for CPU "
-                         "bf16 autocast)")  # fmt: skip
+            notes.append("bf16 was not set and training runs on the CPU: training in fp32 (for CPU bf16 autocast: "
+                         f"{BF16_HINT} on kinfolk sft and distil)")  # fmt: skip
         else:
             notes.append("bf16 was not set and the accelerator has no bf16: training in fp32")
     return "; ".join(notes) or None

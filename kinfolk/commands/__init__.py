@@ -1,6 +1,5 @@
 """The `kinfolk <verb>` command line: one module per verb in this package (beside the helpers they share: `parsing`,
-`launching`, the drift command's report, `drift_report`, and compare's options and runs, `compare_options` and
-`compare_runs`), the verb table below.
+`launching`, and the drift command's report, `drift_report`), the verb table below.
 
 Every verb parses its options from dataclasses with TRL's parser (`kinfolk.commands.parsing.VerbParser`): each
 `--x_y` option is also `--x-y`, `--config run.yaml` supplies the same keys, and `--help` lists them with their help.

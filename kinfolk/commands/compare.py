@@ -6,9 +6,9 @@ validation, and the matched-gain report with a verdict per level against the bas
         --seeds 0 1 2 3 4 --max_steps 200 --eval_steps 20 --out runs/compare
 
 Every run trains with `kinfolk sft`'s trainer and logs its target score and retained KL to
-`OUT/runs/<method>/lr-<rate>/seed-<seed>/drift.jsonl` (`kinfolk.commands.compare_runs`); the rate choice, the
-verdicts and the report are `kinfolk.compare`'s. Rerunning the command resumes: finished runs are skipped.
-docs/compare.md describes the rule and the report.
+`OUT/runs/<method>/lr-<rate>/seed-<seed>/drift.jsonl`; the runs, the rate choice, the verdicts and the report are
+`kinfolk.compare`'s. Rerunning the command resumes: finished runs are skipped. docs/compare.md describes the rule
+and the report.
 """
 
 from __future__ import annotations
@@ -16,36 +16,27 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kinfolk.commands.compare_options import CompareArguments
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.compare.options import CompareArguments
 
 PROG = "kinfolk compare"
-REPORT_FOLDER = "report"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     (args,) = VerbParser(CompareArguments, prog=PROG, description=__doc__.split("\n\n")[0]).parse(argv)
-    from kinfolk.atomic import check_writable
-    from kinfolk.commands.compare_runs import CompareRuns
-    from kinfolk.compare.analysis import analyse
-    from kinfolk.compare.grid import RUNS_FOLDER, run_grid
-    from kinfolk.compare.report import write_report
-    from kinfolk.console import LOG_FILE, quiet, show
-    from kinfolk.interrupt import keep
+    from kinfolk.compare.comparison import REPORT_FOLDER, run_comparison
+    from kinfolk.console import show
 
-    out = Path(args.out)
-    check_writable(out / LOG_FILE)  # a path under a file, or one that takes no new files: refused here
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    runs = CompareRuns(args)  # every input checked before any model loads
-    keep(f"every finished run under {out / RUNS_FOLDER} (its run.json); the rerun trains only the others")
-    with quiet(out / LOG_FILE, PROG, verbose=args.verbose):
-        trained = run_grid(runs.keys, out, runs.settings, args.max_steps, runs.train, runs.load)
-        analysis = analyse(trained, args.baseline, args.selection_fraction, args.levels)
-        write_report(analysis, out / REPORT_FOLDER, runs.about(), runs.target)
+    analysis = run_comparison(args, PROG)
+    if analysis is None:
+        show("another process still trains a run of this comparison: the last one to finish writes the report")
+        return 0
     show("\n".join(verdict.line for verdict in analysis.verdicts))
-    show(f"report: {out / REPORT_FOLDER / 'report.md'}")
+    reached = ", ".join(f"{method} {share:.0%}" for method, share in analysis.reached.items() if share is not None)
+    if reached:
+        show(f"share of {analysis.baseline}'s gain reached: {reached}")
+    for warning in analysis.edge_warnings:
+        show(f"warning: {warning}")
+    show(f"report: {Path(args.out) / REPORT_FOLDER / 'report.md'}")
     return 0

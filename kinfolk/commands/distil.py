@@ -29,6 +29,7 @@ those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merg
 from __future__ import annotations
 
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,13 +167,28 @@ def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -
     return out
 
 
+def prepare_out_quietly(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """`prepare_out` with the libraries' output (datasets' "Generating train split" as it reads the data, the
+    teacher's config) kept off the terminal like the run's own: the checks run before `--out` may be cleared, so
+    their log starts aside and joins `OUT/run.log` once `--out` is ready."""
+    with tempfile.TemporaryDirectory() as scratch:
+        early_log = Path(scratch) / console.LOG_FILE
+        with console.quiet(early_log, PROG, verbose=args.verbose):
+            out = prepare_out(args, training_args)
+        if early_log.exists():
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / console.LOG_FILE, "a", encoding="utf-8") as log:
+                log.write(early_log.read_text(encoding="utf-8", errors="replace"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse here (for `--help` and early errors), prepare `--out`, then run `accelerate launch` on this module."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
     (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
     check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
-    prepare_out(args, training_args)
+    prepare_out_quietly(args, training_args)
     keep(
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
         resume_from_last_checkpoint,

@@ -44,10 +44,15 @@ import kinfolk  # noqa: F401  (registers kinfolk's PEFT types before lm-eval loa
 from kinfolk.adapter_checks import check_adapter_fits_base
 from kinfolk.atomic import check_destination, check_writable, staging_path
 from kinfolk.commands.parsing import VerbParser, reworded
+from kinfolk.digits import distinct_format, shown
 from kinfolk.errors import AdapterConfigError, CheckpointError, InputError, MissingInputError
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
+from kinfolk.hints import suggest
 from kinfolk.inputs import check_model, is_local_path, read_json
+
+RATING_HINT = f"{suggest('--difficulty rating', 'route')} {suggest('--rater', 'route')}"  # the next: line's
+LOSS_HINT = suggest("--score loss", "route")
 
 if TYPE_CHECKING:  # the library is imported where --family runs: it loads transformers
     from kinfolk.plugins.adapt.family_eval import OutcomesWritten
@@ -308,6 +313,7 @@ def evaluate_family(options: EvalArguments, lm_eval_argv: list[str]) -> int:
         heldout = heldout_options(lm_eval_argv)
         chosen |= {"batch_size": heldout.batch_size, "device": heldout.device}
         outcomes = family_eval.heldout_outcomes(sizes, options.heldout, **chosen)
+        print(family_eval.chat_template_note(options.heldout), file=sys.stderr)
     else:
         chosen |= {"metric": options.outcome_metric, "filter_name": options.outcome_filter}
         outcomes = []
@@ -332,16 +338,26 @@ def evaluate_family(options: EvalArguments, lm_eval_argv: list[str]) -> int:
     print(outcomes_summary(written))
     route = f"kinfolk route --outcomes {written.path} --models_dir {options.family} --out routing/"
     if not written.levels:
-        route += " --difficulty rating --rater MODEL"  # no level column: route rates each prompt
+        route += f" {RATING_HINT} MODEL"  # no level column: route rates each prompt
+    if written.mean_loss is not None:
+        route += f" {LOSS_HINT}"  # held-out perplexity: exp(−loss) is tiny for weak sizes; the loss separates them
     print(f"wrote {written.path}; next: {route}", file=sys.stderr)
     return 0
 
 
 def outcomes_summary(written: OutcomesWritten) -> str:
-    """Per size, its mean `correct` on each split (`family_eval.OutcomesWritten`)."""
+    """Per size, its mean `correct` (and mean per-token loss, where measured) on each split
+    (`family_eval.OutcomesWritten`), with the digits that tell the sizes apart (`kinfolk.digits`)."""
     counts = ", ".join(f"{split} {count} examples" for split, count in written.examples.items())
-    lines = [f"| size | calibration mean correct | test mean correct |  ({counts})", "|---|---|---|"]
-    lines += [f"| {size} | {m['calibration']:.4f} | {m['test']:.4f} |" for size, m in written.mean_correct.items()]
+    tables = {"mean correct": written.mean_correct, "mean loss per token": written.mean_loss or {}}
+    tables = {name: table for name, table in tables.items() if table}
+    header = " | ".join(f"{split} {name}" for name in tables for split in ("calibration", "test"))
+    lines = [f"| size | {header} |  ({counts})", "|---|" + "---|" * 2 * len(tables)]
+    specs = {name: distinct_format(v for m in table.values() for v in m.values()) for name, table in tables.items()}
+    for size in written.mean_correct:
+        values = [shown(table[size][split], specs[name]) for name, table in tables.items() for split in
+                  ("calibration", "test")]  # fmt: skip
+        lines.append(f"| {size} | {' | '.join(values)} |")
     return "\n".join(lines)
 
 

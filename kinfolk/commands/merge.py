@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.errors import InputError
+from kinfolk.hints import suggest
 from kinfolk.plugins.adapt.config import CONFIGS, DeltaCosineConfig, load_config
+
+DRY_RUN_HINT = suggest("--dry-run", "merge patch")
 
 OPERATIONS = (*CONFIGS, DeltaCosineConfig.op)
 
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from kinfolk.plugins.adapt.plan import build_plan
 
     if args.out is None and not args.dry_run:
-        raise InputError("--out is required (or pass --dry-run)")
+        raise InputError(f"--out is required (or pass {DRY_RUN_HINT})")
     if not args.dry_run:  # before the config's inputs are read, and before the log is opened beside it
         check_destination(args.out, args.overwrite)
     config = load_config(positional.op, positional.config_file)

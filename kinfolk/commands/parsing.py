@@ -4,7 +4,8 @@
 accepted as `--x-y`, and reads `--config FILE.yaml` as defaults. On top of it a verb's parser reports a usage error as
 one line (exit 2) — as it does a `--config` file that is not a YAML mapping and a value a dataclass's own checks
 refuse — and refuses options and config keys it does not know instead of ignoring them, abbreviations included,
-naming the nearest known one (`did_you_mean`). `file_keys` names keys that belong in a file the verb reads, not on
+naming the nearest known one (`did_you_mean`). `--help` shows each default as a user would type it
+(`--thresholds 0.2 0.5`, not `[np.float64(0.2), np.float64(0.5)]`, `typed_default`). `file_keys` names keys that belong in a file the verb reads, not on
 its command line (`kinfolk merge`'s CONFIG.yaml): such a key given as an option is pointed there.
 
 >>> from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ its command line (`kinfolk merge`'s CONFIG.yaml): such a key given as an option 
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
@@ -66,10 +68,34 @@ def _is_number(token: str) -> bool:
     return True
 
 
+def typed_default(value: object) -> object:
+    """A default as a user would type it on the command line: a list as its values separated by spaces, a numpy
+    scalar as the plain number.
+
+    >>> import numpy as np
+    >>> typed_default([np.float64(0.25), np.float64(1.0)]), typed_default(np.int64(3)), typed_default("cache")
+    ('0.25 1.0', 3, 'cache')
+    """
+    if isinstance(value, list | tuple):
+        return " ".join(str(typed_default(item)) for item in value)
+    item = getattr(value, "item", None)  # numpy scalars (and 0-d arrays) hold a plain Python value
+    return item() if callable(item) and getattr(value, "shape", None) == () else value
+
+
+class TypedDefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with every `(default: ...)` shown by `typed_default`."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        shown = copy.copy(action)
+        shown.default = typed_default(action.default)
+        return super()._expand_help(shown)
+
+
 class VerbParser(TrlParser):
     def __init__(self, dataclass_types=None, file_keys: Mapping[str, str] | None = None, **kwargs):
         # argparse would take `--temperature` for `--temperatures`: a typo must be refused, not guessed
-        super().__init__(dataclass_types, **{"allow_abbrev": False, **kwargs})
+        kwargs = {"allow_abbrev": False, "formatter_class": TypedDefaultsHelpFormatter, **kwargs}
+        super().__init__(dataclass_types, **kwargs)
         self.file_keys = dict(file_keys or {})  # key -> the file it belongs in, e.g. "the patch CONFIG.yaml"
 
     def option_names(self) -> list[str]:

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.hints import suggest
 from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
+
+MODELS_HINT = "/".join(suggest(option, "score") for option in ("--large_base", "--small_base", "--reference"))
 
 if TYPE_CHECKING:  # the work's modules (datasets, torch, transformers) load when the verb runs, not for --help
     from datasets import Dataset
@@ -109,7 +112,7 @@ def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, st
         else:
             raise DatasetFormatError(
                 f"no model given and {args.data} holds no scores ({', '.join(logprob_column(r) for r in ROLES)}); "
-                "pass --large_base/--small_base/--reference"
+                f"pass {MODELS_HINT}"
             )
     if state.is_main_process:
         report = weight_report(scored, config.weight_config(), text_field=config.dataset_text_field)

@@ -55,9 +55,12 @@ from kinfolk.commands.sft_atlas_options import AtlasArguments, sft_check, sft_pe
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.diskspace import check_free_space
 from kinfolk.errors import InputError, OutputExistsError
+from kinfolk.hints import suggest
 from kinfolk.interrupt import keep
 from kinfolk.process_group import end_training
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
+
+OVERWRITE_HINT, RESUME_HINT = suggest("--overwrite", "sft"), suggest("--resume_from_checkpoint", "sft")
 
 PROG = "kinfolk sft"
 
@@ -99,8 +102,8 @@ def check_output_dir(options: OutputArguments, training_args) -> None:
     if options.overwrite or resuming or not output_dir.is_dir() or not any(output_dir.iterdir()):
         return
     raise OutputExistsError(
-        f"--output_dir {output_dir} already holds a run; pass --overwrite to replace it or "
-        "--resume_from_checkpoint to continue it",
+        f"--output_dir {output_dir} already holds a run; pass {OVERWRITE_HINT} to replace it or "
+        f"{RESUME_HINT} to continue it",
         path=output_dir,
     )
 

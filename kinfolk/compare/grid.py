@@ -5,8 +5,14 @@ A run is one (method, learning rate, seed), trained for a fixed number of steps 
 evaluation step (step 0, the untouched model, included). `run.json` (`RunRecord`) is written atomically once the
 run has finished: a rerun of the same comparison skips every run that has one and trains the others from their
 start (a folder without `run.json` is what an interrupted run left, and is cleared first). A `run.json` written
-under other settings (`RunRecord.settings`, a fingerprint of everything that shapes the run) is refused before any
-training: the comparison would otherwise mix runs of two different set-ups.
+under other settings (`RunRecord.settings`, a fingerprint of everything that shapes the run; `setting_values`, the
+settings themselves) is refused before any training, naming each setting that differs: the comparison would
+otherwise mix runs of two different set-ups.
+
+Several processes started on the same `OUT` (one per GPU, or a SLURM array's jobs) share the grid: each claims a
+run's folder before training it (`kinfolk.claims`, as the lab's family runs do: an atomic claim file, a dead
+process's claim taken over) and passes over a run another live process holds, so each run is trained once.
+`run_grid` returns None while another process still holds a run: that process, finishing last, writes the report.
 
 Training and reading a run's log are the caller's (`train`, `load`): this module holds the bookkeeping only, so
 it depends on no trainer.
@@ -28,10 +34,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from kinfolk.atomic import write_json
+from kinfolk.atomic import fingerprint, write_json
+from kinfolk.claims import CLAIM_FILE, claimed
+from kinfolk.compare.measures import Curves
 from kinfolk.console import bar, stage
-from kinfolk.drift import Run
 from kinfolk.errors import InputError, OutputExistsError
 from kinfolk.inputs import read_json
 
@@ -73,6 +81,21 @@ class RunRecord:
     start_target: float
     final_target: float
     final_kl: float
+    setting_values: dict[str, Any] | None = None  # the settings fingerprinted (None in records written before them)
+
+
+def settings_changed(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each setting whose value differs, as "name recorded (now value)".
+
+    >>> settings_changed({"max_steps": 12, "rank": 4}, {"max_steps": 6, "rank": 4})
+    ['max_steps 12 (now 6)']
+    """
+    names = [*recorded, *(name for name in now if name not in recorded)]
+    return [
+        f"{name} {recorded.get(name, 'unset')} (now {now.get(name, 'unset')})"
+        for name in names
+        if recorded.get(name) != now.get(name)
+    ]
 
 
 def run_keys(methods: Sequence[str], learning_rates: Sequence[float], seeds: Sequence[int]) -> list[RunKey]:
@@ -92,39 +115,65 @@ def read_record(folder: str | Path) -> RunRecord | None:
         raise InputError(f"{path} is not a kinfolk compare run record ({error})") from None
 
 
-def check_settings(keys: Sequence[RunKey], out: str | Path, settings: Mapping[str, str]) -> None:
-    """Refuse a finished run of `keys` whose `run.json` was written under other settings than `settings[method]`:
-    before any model loads, so the user can choose another `--out` or remove that run."""
+def check_settings(keys: Sequence[RunKey], out: str | Path, settings: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a finished run of `keys` whose `run.json` was written under other settings than `settings[method]`,
+    naming the settings that differ: before any model loads, so the user can choose another `--out` or remove that
+    run."""
     for key in keys:
         record = read_record(key.folder(out))
-        if record is not None and record.settings != settings[key.method]:
-            raise OutputExistsError(
-                f"{key.folder(out)} holds a run trained with other settings ({record.settings}, now "
-                f"{settings[key.method]}); use another --out or remove that folder to train it again",
-                path=key.folder(out),
-            )
+        if record is None or record.settings == fingerprint(settings[key.method]):
+            continue
+        if record.setting_values is not None:
+            differ = "; ".join(settings_changed(record.setting_values, settings[key.method]))
+        else:  # a record from before the values were kept: only its fingerprint is known
+            differ = f"settings fingerprint {record.settings}, now {fingerprint(settings[key.method])}"
+        raise OutputExistsError(
+            f"{key.folder(out)} holds a run trained with other settings ({differ}); use another --out or remove "
+            "that folder to train it again",
+            path=key.folder(out),
+        )
 
 
 # train(key, folder, step_done) trains one run into `folder`, calling `step_done()` after each optimiser step
 Train = Callable[[RunKey, Path, Callable[[], None]], None]
-Load = Callable[[RunKey, Path], Run]  # a run's checkpoints (step, target, retained KL) from its log
+Load = Callable[[RunKey, Path], Curves]  # a run's curves from its log
 
 
 def run_grid(
-    keys: Sequence[RunKey], out: str | Path, settings: Mapping[str, str], steps: int, train: Train, load: Load
-) -> dict[RunKey, Run]:
-    """Train every run of `keys` that has not finished, skipping those that have; one terminal line per run and
-    one progress bar over every step of the grid. Returns each run's checkpoints."""
-    runs: dict[RunKey, Run] = {}
+    keys: Sequence[RunKey],
+    out: str | Path,
+    settings: Mapping[str, Mapping[str, Any]],
+    steps: int,
+    train: Train,
+    load: Load,
+) -> dict[RunKey, Curves] | None:
+    """Train every run of `keys` that has not finished and no other live process holds, skipping those that have
+    finished; one terminal line per run and one progress bar over every step of the grid. Returns each run's
+    curves, or None when another process was still training one of them at the end."""
+    runs: dict[RunKey, Curves] = {}
+    others = []
     progress = bar(total=steps * len(keys), unit="step", desc="compare")
     try:
         for key in keys:
             folder = key.folder(out)
             record = read_record(folder)
             if record is None:
-                progress.set_description(key.name)
-                record, runs[key] = _train_one(key, folder, settings[key.method], steps, train, load, progress.update)
-                line = f"{key.name}: {record.seconds:.0f}s, {_summary(record)}"
+                with claimed(folder) as ours:
+                    if ours:
+                        progress.set_description(key.name)
+                        record, runs[key] = _train_one(
+                            key, folder, settings[key.method], steps, train, load, progress.update
+                        )
+                        line = f"{key.name}: {record.seconds:.0f}s, {_summary(record)}"
+                if not ours:
+                    record = read_record(folder)  # finished by the other process meanwhile, or still its
+                    if record is None:
+                        others.append(key)
+                        line = f"{key.name}: another process's"
+                    else:
+                        runs[key] = load(key, folder)
+                        line = f"{key.name}: done by another process, {_summary(record)}"
+                    progress.update(steps)
             else:
                 runs[key] = load(key, folder)
                 progress.update(steps)
@@ -134,15 +183,19 @@ def run_grid(
             progress.refresh()
     finally:
         progress.close()
-    return runs
+    still = [key for key in others if read_record(key.folder(out)) is None]
+    if still:
+        stage(f"{len(still)} run(s) still another process's: the last process to finish writes the report")
+        return None
+    return runs | {key: load(key, key.folder(out)) for key in others}
 
 
 def _train_one(
-    key: RunKey, folder: Path, settings: str, steps: int, train: Train, load: Load, advance
-) -> tuple[RunRecord, Run]:
-    if folder.exists():  # an interrupted run: its log and caches would mix with the new run's
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    key: RunKey, folder: Path, settings: Mapping[str, Any], steps: int, train: Train, load: Load, advance
+) -> tuple[RunRecord, Curves]:
+    for left in folder.iterdir():  # an interrupted run's log and caches would mix with the new run's
+        if left.name != CLAIM_FILE:
+            shutil.rmtree(left) if left.is_dir() else left.unlink()
     start = time.perf_counter()
     trained = 0
 
@@ -153,21 +206,22 @@ def _train_one(
 
     train(key, folder, step_done)
     advance(steps - trained)  # a run that stopped early (none should) still fills its share of the bar
-    run = load(key, folder)
-    checkpoints = sorted(run.checkpoints)
+    curves = load(key, folder)
+    checkpoints = sorted(curves.validation.checkpoints)
     record = RunRecord(
         key.method,
         key.learning_rate,
         key.seed,
-        settings,
+        fingerprint(settings),
         checkpoints[-1][0],
         round(time.perf_counter() - start, 3),
         checkpoints[0][1],
         checkpoints[-1][1],
         checkpoints[-1][2],
+        dict(settings),
     )
     write_json(folder / RUN_FILE, asdict(record))
-    return record, run
+    return record, curves
 
 
 def _summary(record: RunRecord) -> str:

@@ -1,10 +1,13 @@
 """The comparison's report folder, written whole or not at all (`kinfolk.atomic`):
 
-- `report.md`: the verdict lines, each method's rate choice (every rate's drift at the selection level), the chosen
-  points and the caveat of choosing on the curves the verdicts read;
-- `report.json`: the same numbers (`Analysis`), with every run's folder;
-- `curves.png`: per method, the target against the step and the retained KL against the target, every rate's runs
-  (the chosen rate drawn bold, the selection level dashed);
+- `report.md`: the mode (planned or exploratory) and the answer first — `compare.png`, the verdict lines (in
+  `kinfolk.verdict_words`' words), how much of the baseline's gain each method reaches, the answer churn at each verdict level beside the drift, and a warning
+  for each chosen rate at its grid's end — then each method's drift and churn at the matched levels, the rate
+  choice (`curves.png` and every rate's drift at the selection level), each retained source's drift at every
+  level (with several sources) and, when the verdicts read validation, the caveat of choosing on the curves they
+  read;
+- `report.json`: the same numbers (`Analysis`, the churn), with every run's folder;
+- `compare.png`, `curves.png` and their axis limits in `figures.json` (`kinfolk.compare.figures`);
 - `drift-<method>/`: for every method but the baseline, `kinfolk drift`'s matched-gain report of the chosen runs
   (that method against each other one) at the report levels, the ones every chosen run reaches.
 """
@@ -16,31 +19,31 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from kinfolk.atomic import atomic_directory
 from kinfolk.compare.analysis import Analysis
-from kinfolk.compare.verdicts import NOT_REACHED
+from kinfolk.compare.answers import LevelChurn, level_churn
+from kinfolk.compare.figures import COMPARE_FIGURE, CURVES_FIGURE, write_figures
 from kinfolk.drift import target_matched
 from kinfolk.drift import write_report as write_drift_report
-from kinfolk.drift.matching import START_STEP
+from kinfolk.drift.levels import GainLevel, seeds_drift
+from kinfolk.verdict_words import NOT_REACHED, WORDS
 
 CAVEAT = (
     "Each method's rate is chosen on the same validation curves the verdicts read: with several rates per method "
-    "that flatters every method by its best-of-k. For a confirmatory comparison rerun the chosen rates with fresh "
-    "seeds into another --out (one rate per method leaves nothing to choose)."
+    "that flatters every method by its best-of-k. For a confirmatory comparison give --test_split (the verdicts then "
+    "read test) and --plan."
 )
 
 
 def write_report(analysis: Analysis, out: str | Path, about: Sequence[str], target: str) -> str:
-    """The report folder `out` (replaced whole); `about` describes the set-up in report.md's first lines, `target`
-    names the target metric. Returns report.md's text."""
+    """The report folder `out` (replaced whole); `about` says the mode (its first line, report.md's first) and the
+    set-up, `target` names the target metric. Returns report.md's text."""
     matched_reports = drift_reports(analysis, target)
     text = report_markdown(analysis, about, list(matched_reports))
     with atomic_directory(out, overwrite=True) as staging:
         (staging / "report.md").write_text(text, encoding="utf-8")
         (staging / "report.json").write_text(json.dumps(report_json(analysis, about, target), indent=2))
-        plot_curves(analysis, staging / "curves.png")
+        write_figures(analysis, staging, target)
         for method, matched in matched_reports.items():
             write_drift_report(matched, staging / f"drift-{method}")
     return text
@@ -58,6 +61,16 @@ def drift_reports(analysis: Analysis, target: str) -> dict:
     return {method: target_matched(chosen, method, reached, target=target) for method in methods}
 
 
+def churn_at_levels(analysis: Analysis) -> list[LevelChurn]:
+    """Every method's answer churn at every verdict level (`kinfolk.compare.answers`), levels in order."""
+    chosen = analysis.chosen_runs()
+    return [
+        level_churn(choice.method, [run for run in chosen if run.method == choice.method], level.value)
+        for level in analysis.levels
+        for choice in analysis.choices
+    ]
+
+
 def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
     return {
         "about": list(about),
@@ -70,25 +83,85 @@ def report_json(analysis: Analysis, about: Sequence[str], target: str) -> dict:
             "choices": [asdict(choice) for choice in analysis.choices],
         },
         "fractions": analysis.fractions,
+        "levels": [asdict(level) for level in analysis.levels],
         "verdicts": [asdict(verdict) for verdict in analysis.verdicts],
+        "verdict_split": analysis.split,
+        "planned": analysis.planned,
+        "sources": [asdict(row) for row in analysis.sources],
+        "reached": analysis.reached,
+        "edge_warnings": analysis.edge_warnings,
+        "churn": [asdict(churn) for churn in churn_at_levels(analysis)],
         "runs": [
             {**asdict(key), "path": run.path, "checkpoints": sorted(run.checkpoints)}
             for key, run in analysis.runs.items()
         ],
-        "caveat": CAVEAT,
+        "caveat": CAVEAT if analysis.split == "validation" else None,
     }
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def churn_line(level: GainLevel, baseline: str, churns: Sequence[LevelChurn]) -> str:
+    """One level's churn in a sentence: "at 50% of lora's gain (target ...), 2 of 64 retained answers changed with
+    atlas (step 15 of each seed), 11 with lora (...)"."""
+    said = []
+    for churn in churns:
+        steps = ", ".join("-" if step is None else str(step) for step in churn.steps)
+        where = f"at step{'s' * (len(churn.steps) > 1)} {steps}"
+        if churn.changed is None:
+            said.append(f"not measured with {churn.method} ({where}: not reached, or no answers kept)")
+        elif not said or said[0].startswith("not measured"):
+            said.append(f"{_count(churn.changed)} of {churn.prompts} retained answers changed with {churn.method} "
+                        f"({where})")  # fmt: skip
+        else:
+            said.append(f"{_count(churn.changed)} with {churn.method} ({where})")
+    return f"at {level.fraction:.0%} of {baseline}'s gain (target {level.value:.4g}): {', '.join(said)}"
 
 
 def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[str]) -> str:
     """report.md; `matched` names the methods with a `drift-<method>/` report."""
     methods = [choice.method for choice in analysis.choices]
-    lines = [f"# kinfolk compare: {', '.join(methods)} against {analysis.baseline}", "", *about, ""]
-    lines += ["## Verdicts", "", *(f"- {verdict.line}" for verdict in analysis.verdicts), ""]
+    baseline = analysis.baseline
+    churns = churn_at_levels(analysis)
+    mode, *setup = about  # the mode (planned or exploratory) heads the report; the rest is the set-up
+    lines = [f"# kinfolk compare: {', '.join(methods)} against {baseline}", "", mode, "", "## The answer", ""]
+    lines += [
+        f"![every method's retained KL against the target]({COMPARE_FIGURE})",
+        "",
+        f"`{COMPARE_FIGURE}`: retained KL (log) against the target at each method's chosen rate, on one pair of "
+        f"axes; dashed verticals: the verdict levels, as shares of {baseline}'s gain; dotted, in each method's "
+        f"colour: the share of {baseline}'s gain it reaches.",
+        "",
+        f"Verdicts ({', '.join(WORDS)}: docs/compare.md):",
+        "",
+        *(f"- {verdict.line}" for verdict in analysis.verdicts),
+        "",
+        f"How much of {baseline}'s gain each method reaches (the highest level every seed of its chosen rate "
+        "reaches):",
+        "",
+    ]
+    for method, reached in analysis.reached.items():
+        lines.append(f"- {method}: {'no gain to share' if reached is None else f'{reached:.0%}'}")
+    lines.append("")
+    if any(churn.prompts for churn in churns):
+        lines += ["Answer churn at the verdict levels (greedy answers of a fixed set of retained prompts, read at "
+                  "each run's checkpoint nearest the level, against its step 0; mean over seeds):", ""]  # fmt: skip
+        for index, level in enumerate(analysis.levels):
+            lines.append(f"- {churn_line(level, baseline, churns[index * len(methods) : (index + 1) * len(methods)])}")
+        lines.append("")
+    if analysis.edge_warnings:
+        lines += ["Warnings:", "", *(f"- {warning}" for warning in analysis.edge_warnings), ""]
+    lines += ["## Set-up", "", *setup, ""]
+    lines += matched_table(analysis, churns)
     lines += [
         "## Learning rates, chosen on validation",
         "",
-        f"Selection level: target {analysis.selection_level:.4g} ({analysis.selection_fraction:.0%} of "
-        f"{analysis.baseline}'s best gain over its rates and seeds). Rule: {analysis.rule}.",
+        f"![each method's runs at every rate]({CURVES_FIGURE})",
+        "",
+        f"Selection level: target {analysis.selection.describe()}; the verdicts' levels: "
+        f"{'; '.join(level.describe() for level in analysis.levels)}. Rule: {analysis.rule}.",
         "",
         "| method | rate | drift at the selection level | mean best score | chosen |",
         "|---|---|---|---|---|",
@@ -98,63 +171,51 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
             chosen = f"yes ({choice.how})" if rate == f"{choice.rate:g}" else ""
             shown = "not reached by every seed" if drift is None else f"{drift:.4g}"
             lines.append(f"| {choice.method} | {rate} | {shown} | {choice.best_by_rate[rate]:.4g} | {chosen} |")
-    lines += ["", "## Chosen points (means over seeds)", ""]
-    lines.append("| method | rate | seeds | start | final target | final retained KL |")
-    lines.append("|---|---|---|---|---|---|")
-    for choice in analysis.choices:
-        runs = [
-            run
-            for key, run in analysis.runs.items()
-            if (key.method, key.learning_rate) == (choice.method, choice.rate)
-        ]
-        ends = [sorted(run.checkpoints) for run in runs]
-        start, final = (np.mean([points[i][1] for points in ends]) for i in (0, -1))
-        kl = np.mean([points[-1][2] for points in ends])
-        lines.append(f"| {choice.method} | {choice.rate:g} | {len(runs)} | {start:.4g} | {final:.4g} | {kl:.4g} |")
     lines.append("")
     if matched:
         reports = ", ".join(f"`drift-{method}/report.md`" for method in matched)
         lines += [f"Matched-gain reports of the chosen runs, at the levels every one reaches: {reports}.", ""]
     else:
         lines += ["No matched-gain report: no verdict level is reached by every chosen run.", ""]
-    lines += [f"Caveat: {CAVEAT}", ""]
+    lines += source_table(analysis)
+    if analysis.split == "validation":
+        lines += [f"Caveat: {CAVEAT}", ""]
     return "\n".join(lines)
 
 
-def plot_curves(analysis: Analysis, path: Path) -> None:
-    """Per method: target against step (top) and retained KL against target (bottom), a colour per rate."""
-    import matplotlib  # a core dependency, imported here to keep it off the start-up path
+def matched_table(analysis: Analysis, churns: Sequence[LevelChurn]) -> list[str]:
+    """Each method's drift (geometric mean over seeds) and churn at every verdict level: matched targets, never
+    its final point, which sits at another target for each method."""
+    chosen = analysis.chosen_runs()
+    heads = [f"{level.fraction:.0%} (target {level.value:.4g})" for level in analysis.levels]
+    read = "" if analysis.split == "validation" else "; both read on validation, the verdicts on test"
+    lines = [f"## Drift and churn at the matched levels (means over seeds{read})", ""]
+    lines.append(
+        "| method | rate | seeds | reaches | " + " | ".join(f"drift at {h} | churn at {h}" for h in heads) + " |"
+    )
+    lines.append("|---|---|---|---|" + "---|---|" * len(heads))
+    by_key = {(churn.method, churn.level): churn for churn in churns}
+    for choice in analysis.choices:
+        runs = [run for run in chosen if run.method == choice.method]
+        reached = analysis.reached.get(choice.method)
+        cells = [choice.method, f"{choice.rate:g}", str(len(runs)), "-" if reached is None else f"{reached:.0%}"]
+        for level in analysis.levels:
+            drift = seeds_drift(runs, level.value)
+            churn = by_key[choice.method, level.value]
+            cells.append(NOT_REACHED if drift is None else f"{drift:.4g}")
+            cells.append("-" if churn.changed is None else f"{_count(churn.changed)} of {churn.prompts}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, len(analysis.choices), figsize=(4 * len(analysis.choices), 7), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for column, choice in enumerate(analysis.choices):
-        top, bottom = axes[0][column], axes[1][column]
-        rates = list(choice.drift_by_rate)
-        for key, run in analysis.runs.items():
-            if key.method != choice.method:
-                continue
-            chosen = key.learning_rate == choice.rate
-            style = {"color": colours[rates.index(key.rate) % len(colours)], "linewidth": 2 if chosen else 0.8}
-            points = sorted(run.checkpoints)
-            first = key.seed == min(k.seed for k in analysis.runs if k.method == key.method)
-            top.plot(
-                [p[0] for p in points], [p[1] for p in points], label=f"lr {key.rate}" if first else None, **style
-            )
-            # the envelope after the untouched start, whose drift is 0 or float noise (no log scale for either)
-            envelope = [(t, d) for step, t, d in run.envelope() if step != START_STEP and d > 0]
-            if envelope:
-                bottom.plot(*zip(*envelope), marker="o", markersize=2, **style)
-        bottom.axvline(analysis.selection_level, linestyle="--", color="grey", linewidth=0.8)
-        bottom.set_yscale("log")
-        top.set_title(f"{choice.method} (chosen lr {choice.rate:g})")
-        top.set_xlabel("step")
-        top.set_ylabel("target score")
-        bottom.set_xlabel("target score")
-        bottom.set_ylabel("retained KL")
-        top.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+def source_table(analysis: Analysis) -> list[str]:
+    """report.md's rows per retained source (with more than one): each method's drift on each at every level."""
+    if len({row.source for row in analysis.sources}) < 2:
+        return []
+    levels = " | ".join(f"{level.fraction:.0%} ({level.value:.4g})" for level in analysis.levels)
+    lines = [f"## Drift per retained source ({analysis.split}; geometric mean over the chosen seeds)", ""]
+    lines += [f"| method | source | {levels} |", "|---|---|" + "---|" * len(analysis.levels)]
+    for row in analysis.sources:
+        cells = " | ".join("not reached" if drift is None else f"{drift:.4g}" for drift in row.drifts)
+        lines.append(f"| {row.method} | {row.source} | {cells} |")
+    return [*lines, ""]

@@ -1,14 +1,10 @@
-"""Each method's learning rate, chosen on the validation curves: the rate that drifts least at one matched level.
+"""Each method's learning rate, chosen on the validation curves: the rate that drifts least at one level of the
+baseline's gain, by the one matching rule (`kinfolk.drift.levels`, which `kinfolk drift` and new lab versions use):
 
-The rule (the lab's "lowest drift at a gain level", `kinfolk.lab.methods.selection`, read off curves the way the
-matched-gain report reads them):
-
-1. the **selection level** is the untouched model's target score plus `fraction` (default 0.5) of the best gain
-   any run of the baseline method reaches, over all its rates and seeds: start + fraction x (best - start), the
-   start being the mean step-0 score of the baseline's runs;
+1. the **selection level** is the level at `--selection_fraction` (default 0.5) of the baseline's gain
+   (`kinfolk.drift.levels.gain_level`, over the baseline's runs grouped by rate);
 2. a rate's drift at the level is the geometric mean over its seeds of each run's drift when it first reached the
-   level (`kinfolk.drift.Run.drift_at`: the running-maximum envelope, interpolated, never extrapolated); a rate
-   with a seed that never reaches the level has none;
+   level (`kinfolk.drift.levels.seeds_drift`); a rate with a seed that never reaches the level has none;
 3. the chosen rate is the one with the least drift at the level; ties go to the lower rate. When no rate reaches
    it with every seed, the rate whose seeds reach the highest mean best score is chosen instead, and the choice
    says so.
@@ -18,8 +14,6 @@ Every method, the baseline included, is chosen by the same rule at the same leve
 >>> from kinfolk.drift import Run
 >>> slow = Run("lora", "0", "a", [(0, 0.0, 0.0), (2, 1.0, 0.02), (4, 2.0, 0.08)])
 >>> fast = Run("lora", "0", "b", [(0, 0.0, 0.0), (2, 2.0, 0.04), (4, 4.0, 0.4)])
->>> selection_level([slow, fast], fraction=0.5)  # best gain 4 (fast), half of it
-2.0
 >>> choice = choose_rate("lora", {1e-4: [slow], 1e-3: [fast]}, level=2.0)
 >>> choice.rate, {rate: round(drift, 6) for rate, drift in choice.drift_by_rate.items()}  # slow 0.08, fast 0.04
 (0.001, {'0.0001': 0.08, '0.001': 0.04})
@@ -27,23 +21,20 @@ Every method, the baseline included, is chosen by the same rule at the same leve
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kinfolk.drift import Run
-from kinfolk.drift.matching import START_STEP
-from kinfolk.errors import InputError
+from kinfolk.drift.levels import LEVEL_RULE, seeds_drift
 
 LEAST_DRIFT = "least drift at the selection level"
 HIGHEST_BEST = "no rate reached the selection level with every seed: the highest mean best score"
 RULE = (
-    "each method's learning rate is the one whose runs drift least (geometric mean over seeds) on first reaching "
-    "the selection level, start + fraction x (best - start) of the baseline's best gain over all its rates and "
-    "seeds; ties go to the lower rate; a rate with a seed that never reaches the level is not eligible, and when no "
-    "rate is, the rate with the highest mean best score is chosen"
+    f"each method's learning rate is the one whose runs drift least at the selection level ({LEVEL_RULE}); ties go "
+    "to the lower rate; a rate with a seed that never reaches the level is not eligible, and when no rate is, the "
+    "rate with the highest mean best score is chosen"
 )
 
 
@@ -59,25 +50,10 @@ class RateChoice:
     best_by_rate: dict[str, float]  # mean over seeds of each run's best score
 
 
-def start_score(runs: Sequence[Run]) -> float:
-    """The mean target score of the runs' untouched start (step 0)."""
-    starts = [target for run in runs for step, target, _ in run.checkpoints if step == START_STEP]
-    if not starts:
-        raise InputError(f"no run of {sorted({run.method for run in runs})} measured its start (step {START_STEP})")
-    return float(np.mean(starts))
-
-
-def selection_level(baseline_runs: Sequence[Run], fraction: float) -> float:
-    """start + fraction x (best - start), over every run of the baseline (all its rates and seeds)."""
-    start = start_score(baseline_runs)
-    best = max(run.envelope()[-1][1] for run in baseline_runs)
-    return start + fraction * (best - start)
-
-
 def choose_rate(method: str, runs_by_rate: Mapping[float, Sequence[Run]], level: float) -> RateChoice:
     """The rule of the module docstring for one method's runs, grouped by learning rate."""
     rates = sorted(runs_by_rate)
-    drift = {rate: _drift_at(runs_by_rate[rate], level) for rate in rates}
+    drift = {rate: seeds_drift(runs_by_rate[rate], level) for rate in rates}
     best = {rate: float(np.mean([run.envelope()[-1][1] for run in runs_by_rate[rate]])) for rate in rates}
     eligible = [rate for rate in rates if drift[rate] is not None]
     if eligible:
@@ -87,12 +63,3 @@ def choose_rate(method: str, runs_by_rate: Mapping[float, Sequence[Run]], level:
     return RateChoice(
         method, chosen, how, level, {f"{rate:g}": drift[rate] for rate in rates}, {f"{r:g}": best[r] for r in rates}
     )
-
-
-def _drift_at(runs: Sequence[Run], level: float) -> float | None:
-    values = [run.drift_at(level).drift for run in runs]
-    if any(value is None for value in values):
-        return None
-    if any(value <= 0 for value in values):  # reached at the untouched start: no drift to average in logs
-        return 0.0
-    return math.exp(float(np.mean(np.log(values))))

@@ -46,7 +46,15 @@ from typing import Any
 import numpy as np
 
 from kinfolk.errors import InputError, did_you_mean, option_name
-from kinfolk.stats import MIN_INTERVAL_UNITS, Interval, geometric_mean, geometric_mean_interval, t_interval
+from kinfolk.hints import suggest
+from kinfolk.stats import (
+    MIN_INTERVAL_UNITS,
+    Interval,
+    geometric_mean,
+    geometric_mean_interval,
+    seeds_geometric_mean,
+    t_interval,
+)
 
 START_STEP = 0  # the untouched model, which `RetainedKLCallback(measure_at_start=True)` measures (drift 0)
 CONTINUOUS_LEVELS = 11  # default levels of a non-count target: evenly spaced over the shared range, ends included
@@ -56,6 +64,7 @@ INTERPOLATION = (
     "records around the level; a level outside a run's envelope is not reached, never extrapolated"
 )
 Checkpoint = tuple[int, float, float]  # (step, target score, drift)
+REQUIREMENTS_HINT = suggest("--requirements", "drift")
 
 
 @dataclass(frozen=True)
@@ -91,9 +100,13 @@ class Run:
         """Target scores of the checkpoints after training began (the untouched start left out)."""
         return [target for step, target, _ in self.checkpoints if step != START_STEP]
 
-    def drift_at(self, level: float) -> LevelValue:
-        """The drift when this run first reached `level`, interpolated along its envelope (see the module)."""
+    def drift_at(self, level: float, drifts: Mapping[int, float] | None = None) -> LevelValue:
+        """The drift when this run first reached `level`, interpolated along its envelope (see the module). With
+        `drifts` (step -> drift, measured at the same checkpoints on other rows: a test split), the point is found on
+        this run's own target and the drift read there is theirs, interpolated between the same two checkpoints."""
         records = self.envelope()
+        if drifts is not None:
+            records = [(step, target, drifts[step]) for step, target, _ in records]
         if level < records[0][1]:
             return LevelValue(None, f"not reached: below its first measured score {records[0][1]:g}")
         if level > records[-1][1]:
@@ -161,7 +174,7 @@ def shared_requirements(runs: Sequence[Run]) -> list[float]:
     low, high = max(lows.values()), min(highs.values())
     if low > high:
         ranges = ", ".join(f"{name}: [{lows[name]:g}, {highs[name]:g}]" for name in lows)
-        raise InputError(f"the runs' target scores share no range ({ranges}); pass --requirements")
+        raise InputError(f"the runs' target scores share no range ({ranges}); pass {REQUIREMENTS_HINT}")
     scores = [target for run in runs for target in run.trained_targets()]
     if all(float(score).is_integer() for score in scores):
         return [float(k) for k in range(math.ceil(low), math.floor(high) + 1)]
@@ -205,7 +218,7 @@ class MethodSummary:
     method: str
     seeds: list[str]
     mean_drift: float  # geometric mean over seeds of the runs' mean drifts
-    drift_by_requirement: list[float | None]  # geometric mean over seeds; None where a seed's drift is 0
+    drift_by_requirement: list[float | None]  # over seeds, `kinfolk.drift.levels`' rule (0 where a seed's is 0)
 
 
 @dataclass
@@ -296,7 +309,7 @@ def target_matched(
             name,
             seeds_of(name),
             geometric_mean([mean[name, s] for s in seeds_of(name)]),
-            [_positive_geometric_mean([drift[name, s][i] for s in seeds_of(name)]) for i in range(len(kept))],
+            [seeds_geometric_mean([drift[name, s][i] for s in seeds_of(name)]) for i in range(len(kept))],
         )
         for name in methods
     ]

@@ -7,20 +7,23 @@ from pathlib import Path
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.drift.matching import MIN_INTERVAL_UNITS, START_STEP, Comparison, MatchedGain
+from kinfolk.verdict_words import SHOWN, judged, not_tested
 
 
 def _ratio_cell(comparison: Comparison) -> str:
     if comparison.ratio is None:
         return comparison.note
+    seeds = len(comparison.seeds)
     if comparison.interval is not None:
         interval, check = comparison.interval, comparison.bootstrap
+        word = judged((interval.low, interval.high), seeds)
+        said = f"{'less' if comparison.ratio < 1 else 'more'} drift {SHOWN}" if word == SHOWN else word
         return (
-            f"{comparison.ratio:.4f} [95% t-interval {interval.low:.4f}, {interval.high:.4f}; "
+            f"{said}: {comparison.ratio:.4f} [95% t-interval {interval.low:.4f}, {interval.high:.4f}; "
             f"bootstrap {check.low:.4f}, {check.high:.4f}]"
         )
     values = ", ".join(f"{value:.4f}" for value in comparison.ratio_by_seed.values())
-    seeds = len(comparison.seeds)
-    return f"{comparison.ratio:.4f} ({seeds} seed{'s' * (seeds > 1)}: {values}; no interval)"
+    return f"{not_tested(seeds)}: {comparison.ratio:.4f} (per seed: {values})"
 
 
 def _number(value: float | None) -> str:
@@ -36,7 +39,8 @@ def markdown(report: MatchedGain) -> str:
         f"How: {report.interpolation}. A run's mean drift averages its levels; ratios are {method}/comparator per "
         f"seed (paired by seed), geometric mean over seeds, with the 95% t-interval of the log ratios over seeds "
         f"(exponentiated) and a bootstrap cross-check from {MIN_INTERVAL_UNITS} seeds on; with fewer, the per-seed "
-        f"ratios. Below 1 favours {method}.",
+        f"ratios. Below 1 favours {method}. Verdicts (docs/compare.md): shown, not shown (the interval holds 1), not "
+        f"tested (fewer than {MIN_INTERVAL_UNITS} seeds: no interval, the ratio is a measurement), not reached.",
         "",
         f"| method | seeds | mean drift | {method}/method | reduction |",
         "|---|---|---|---|---|",
@@ -83,7 +87,7 @@ def plot(report: MatchedGain, path: Path) -> None:
         if len(envelope) > 1:  # straight on a log axis: the geometric interpolation itself
             axis.plot(*zip(*envelope), linewidth=0.8, alpha=0.45, color=colours[run.method])
     for summary in report.methods:
-        points = [(k, d) for k, d in zip(report.requirements, summary.drift_by_requirement) if d is not None]
+        points = [(k, d) for k, d in zip(report.requirements, summary.drift_by_requirement) if d]  # log axis
         if points:
             axis.plot(*zip(*points), marker="o", markersize=3, color=colours[summary.method], label=summary.method)
     axis.set_yscale("log")

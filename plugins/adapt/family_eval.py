@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,12 +72,13 @@ class ExampleOutcome:
 @dataclass(frozen=True)
 class OutcomesWritten:
     """What `write_outcomes` wrote: examples per split, whether they carry levels, and each size's mean `correct`
-    per split."""
+    per split (and its mean per-token loss where every outcome has one: held-out perplexity)."""
 
     path: Path
     examples: dict[str, int]
     levels: bool
     mean_correct: dict[str, dict[str, float]]
+    mean_loss: dict[str, dict[str, float]] | None = None
 
 
 def family_sizes(directory: str | Path) -> list[Size]:
@@ -116,6 +117,23 @@ def _device(device: str | None) -> str:
     import torch
 
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def chat_template_note(data: str | Path) -> str:
+    """Whether held-out rows are scored through each size's chat template, in a line the eval prints: rows in chat
+    form (`messages`, or `prompt` / `completion` given as role/content lists) are, as `SFTTrainer` trains on them;
+    plain `text` or string `prompt` / `completion` rows are scored as written. The two forms of one text score
+    far apart (the template adds the turns a chat model expects), so the reader must know which was measured."""
+    from trl.data_utils import is_conversational
+
+    from kinfolk.data import load_data
+
+    if is_conversational(load_data(data)[0]):
+        return f"{data}: chat rows, scored through each size's chat template (as SFTTrainer trains on them)"
+    return (
+        f"{data}: plain rows, scored as written without a chat template (rows of role/content messages would be "
+        "scored through it)"
+    )
 
 
 def heldout_outcomes(
@@ -302,11 +320,17 @@ def write_outcomes(
             for example in (e for e in table if splits[e] == split):
                 for size in sizes:
                     handle.write(json.dumps(table[example][size].row(split), ensure_ascii=False) + "\n")
-    means = {
-        size: {
-            split: float(np.mean([table[e][size].correct for e in table if splits[e] == split])) for split in SPLITS
+
+    def split_means(value: Callable[[ExampleOutcome], float]) -> dict[str, dict[str, float]]:
+        members = {split: [e for e in table if splits[e] == split] for split in SPLITS}
+        return {
+            size: {split: float(np.mean([value(table[e][size]) for e in chosen])) for split, chosen in members.items()}
+            for size in sizes
         }
-        for size in sizes
-    }
+
+    means = split_means(lambda outcome: outcome.correct)
+    losses = None
+    if all(outcome.nll is not None and outcome.scored_tokens for outcome in outcomes):
+        losses = split_means(lambda outcome: outcome.nll / outcome.scored_tokens)
     has_levels = any(outcome.level is not None for outcome in outcomes)
-    return OutcomesWritten(out, counts, has_levels, means)
+    return OutcomesWritten(out, counts, has_levels, means, losses)

@@ -37,6 +37,7 @@ import torch
 from transformers import PretrainedConfig
 
 from kinfolk.errors import LayerMapMismatchError, TeacherMismatchError
+from kinfolk.hints import suggest
 from kinfolk.layout import UnsupportedArchitectureError, select_layers_config
 from kinfolk.plugins.adapt.checkpoint import (
     DELTA_FORMAT,
@@ -56,6 +57,8 @@ from kinfolk.plugins.adapt.config import (
     PatchConfig,
 )
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap, LayerMapError
+
+ALL_SIZES_HINT = suggest("--all", "merge patch")  # `kinfolk merge patch --all`: every size
 
 logger = logging.getLogger(__name__)
 
@@ -361,7 +364,9 @@ def patched_sets(config: PatchConfig, num_student_layers: int, all_sizes: bool) 
             )
         return [tuple(sorted(config.patched_layers))]
     if config.num_patched is None:
-        raise MergeConfigError("patch: set num_patched (with order) or patched_layers, or pass --all for every size")
+        raise MergeConfigError(
+            f"patch: set num_patched (with order) or patched_layers, or pass {ALL_SIZES_HINT} for every size"
+        )
     if config.num_patched > num_student_layers:
         raise MergeConfigError(
             f"patch: field 'num_patched' is {config.num_patched} but the student has only {num_student_layers} layers"

@@ -42,7 +42,22 @@ from kinfolk.plugins.adapt.hull import Hull, HullPoint, upper_hull
 POLICIES = ("average", "minimum")
 METRIC_OF_POLICY = {"average": "accuracy", "minimum": "minimum_accuracy"}  # what each policy keeps at the threshold
 MAX_ASSIGNMENTS = 5_000_000  # the average policy's exhaustive search refuses larger spaces
-DEFAULT_THRESHOLDS = tuple(round(value, 2) for value in np.linspace(0, 1, 101))
+THRESHOLD_QUANTILES = 101  # thresholds read off the calibration table's own values: every value of up to 101
+
+
+@dataclass(frozen=True)
+class ScoreScale:
+    """How the outcomes' score is shown. Routing keeps what clears a threshold, so it works on a score where higher
+    is better: a loss is routed on its negation (`sign` -1) and shown, and its thresholds read, as the loss again."""
+
+    name: str
+    sign: int = 1
+
+    def shown(self, value: float | None) -> float | None:
+        return None if value is None else self.sign * value
+
+
+SCORE_SCALES = {"correct": ScoreScale("accuracy"), "loss": ScoreScale("loss per token", sign=-1)}
 
 
 @dataclass(frozen=True)
@@ -202,15 +217,30 @@ def compare_with_hull(point: dict[str, Any], hull: Hull) -> dict[str, Any]:
     return {**point, "hull_accuracy": baseline, "gain_over_hull": gain}
 
 
+def data_thresholds(table: LevelTable, count: int = THRESHOLD_QUANTILES) -> list[float]:
+    """The thresholds worth sweeping on `table`: its own per-level accuracies at `count` evenly spaced quantiles
+    (each quantile an observed value, so a table of up to `count` values gives every one). A score on any scale
+    (probabilities of 1e-6, negated losses) gets thresholds that separate its models, where a fixed 0.01 grid over
+    [0, 1] would put them all on one side.
+
+    >>> data_thresholds(LevelTable((1, 2), ("s", "l"), np.array([[1e-6, 3e-4], [2e-6, 5e-4]]), np.ones((2, 2)),
+    ...                            np.array([0.5, 0.5])))
+    [1e-06, 2e-06, 0.0003, 0.0005]
+    """
+    values = np.quantile(table.accuracy.ravel(), np.linspace(0, 1, count), method="lower")
+    return sorted({float(value) for value in values})
+
+
 def frontier(
     calibration: Outcomes,
     test: Outcomes,
-    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    thresholds: Sequence[float] | None = None,
     policies: Sequence[str] = POLICIES,
 ) -> dict[str, Any]:
-    """Every policy at every threshold, chosen on `calibration` and measured on `test`, with each fixed model's
-    point on `test` and, per policy and fixed model, whether routing beats it (in the policy's own metric); every
-    point is compared with the fixed models' random-mix hull (`hull`: its vertices)."""
+    """Every policy at every threshold (by default `data_thresholds` of the calibration table), chosen on
+    `calibration` and measured on `test`, with each fixed model's point on `test` and, per policy and fixed model,
+    whether routing beats it (in the policy's own metric); every point is compared with the fixed models'
+    random-mix hull (`hull`: its vertices)."""
     if calibration.models != test.models:
         raise InputError(f"calibration models {list(calibration.models)} differ from test's {list(test.models)}")
     unknown = sorted(set(policies) - set(ROUTERS))
@@ -220,6 +250,8 @@ def frontier(
     unseen = sorted(set(test.levels.tolist()) - set(table.levels))
     if unseen:
         raise InputError(f"test levels {unseen} have no calibration examples to choose their model from")
+    if thresholds is None:
+        thresholds = data_thresholds(table)
     measured = {model: measure(test, lambda level, model=model: model) for model in test.models}
     hull = upper_hull(HullPoint(point["cost"], point["accuracy"], model) for model, point in measured.items())
     fixed = {model: compare_with_hull(point, hull) for model, point in measured.items()}
@@ -258,33 +290,43 @@ def frontier(
     return result
 
 
-def plot_frontier(result: dict[str, Any], path: str | Path, cost_label: str = "cost per example") -> Path:
-    """Two panels (average accuracy, minimum accuracy over levels) against cost: the fixed models as labelled
-    points, each policy's routed points as a line in cost order."""
+def plot_frontier(
+    result: dict[str, Any],
+    path: str | Path,
+    cost_label: str = "cost per example",
+    scale: ScoreScale = SCORE_SCALES["correct"],
+) -> Path:
+    """Two panels (average score, minimum score over levels, on `scale`) against cost: the fixed models as
+    labelled points, each policy's routed points as a line in cost order."""
     import matplotlib  # a core dependency, imported where it is used
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharex=True)
-    for axis, metric, title in zip(axes, ("accuracy", "minimum_accuracy"), ("average accuracy", "minimum accuracy")):
+    titles = (f"average {scale.name}", f"{'maximum' if scale.sign < 0 else 'minimum'} {scale.name} over levels")
+    for axis, metric, title in zip(axes, ("accuracy", "minimum_accuracy"), titles):
         fixed = result["fixed"]
-        axis.plot([p["cost"] for p in fixed.values()], [p[metric] for p in fixed.values()], "ks", label="fixed size")
-        if metric == "accuracy":  # the random-mix baseline is a hull of average accuracies
+        axis.plot(
+            [p["cost"] for p in fixed.values()], [scale.shown(p[metric]) for p in fixed.values()], "ks",
+            label="fixed size",
+        )  # fmt: skip
+        if metric == "accuracy":  # the random-mix baseline is a hull of average scores
             hull = result["hull"]
-            axis.plot([v["cost"] for v in hull], [v["accuracy"] for v in hull], "k:", label="random mix of sizes")
+            axis.plot([v["cost"] for v in hull], [scale.shown(v["accuracy"]) for v in hull], "k:",
+                      label="random mix of sizes")  # fmt: skip
         for model, point in fixed.items():
             axis.annotate(
-                model, (point["cost"], point[metric]), fontsize=7, xytext=(3, -8), textcoords="offset points"
-            )
+                model, (point["cost"], scale.shown(point[metric])), fontsize=7, xytext=(3, -8),
+                textcoords="offset points",
+            )  # fmt: skip
         for policy, points in result["routed"].items():
             ordered = sorted(points, key=lambda p: p["cost"])
-            axis.plot(
-                [p["cost"] for p in ordered], [p[metric] for p in ordered], marker=".", label=f"routed ({policy})"
-            )
+            axis.plot([p["cost"] for p in ordered], [scale.shown(p[metric]) for p in ordered], marker=".",
+                      label=f"routed ({policy})")  # fmt: skip
         axis.set_xlabel(cost_label)
         axis.set_ylabel(title)
-        axis.set_title(f"{title} on the test split")
+        axis.set_title(f"{title} on the test split", fontsize=9)
     axes[0].legend(fontsize=7)
     figure.tight_layout()
     path = Path(path)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import atomic_file
+from kinfolk.verdict_words import NOT_SHOWN, SHOWN
 
 RESULTS_DIR = Path("docs/results")
 README = Path("README.md")
@@ -94,7 +95,7 @@ class EvidenceRow:
 
     @property
     def verdict(self) -> str:
-        return "shown" if self.shown else "not shown"
+        return SHOWN if self.shown else NOT_SHOWN
 
     def line(self) -> str:
         """The row in one line of text (the demo's headline)."""

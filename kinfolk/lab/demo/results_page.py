@@ -27,6 +27,7 @@ import numpy as np
 from kinfolk.atomic import atomic_file
 from kinfolk.lab.demo.evidence import RESULTS_DIR, update_readme
 from kinfolk.lab.demo.plots import save_figure
+from kinfolk.verdict_words import NOT_SHOWN, SHOWN
 
 RESULTS_PAGE = Path("docs/results.md")
 
@@ -215,7 +216,7 @@ def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
             axis.errorbar([entry["mean"]], [0], xerr=[[entry["mean"] - entry["ci95"][0]], [entry["ci95"][1] -
                           entry["mean"]]], fmt="o", color="C3" if entry["survives_holm"] else "C0", capsize=4)  # fmt: skip
         axis.axvline(entry.get("null", 0.0), color="0.5", linestyle="--", linewidth=0.8)
-        mark = " (survives Holm)" if entry["survives_holm"] else " (not significant after correction)"
+        mark = f" ({SHOWN}: survives Holm)" if entry["survives_holm"] else f" ({NOT_SHOWN} after Holm's correction)"
         axis.set_title(name + mark, fontsize=8, loc="left")
         axis.set_yticks([])
         axis.tick_params(labelsize=7)

@@ -1,7 +1,12 @@
 """Every rule by which the lab's experiments choose on validation (or calibration), written once.
 
-**Lowest drift at a gain level** (ATLAS: `atlas`, `atlas-controls`, `real-atlas` and its pilot, version 1's fronts).
-A checkpoint carries its `step` (0: the untrained adapter), a score (`gain`, or the `target` accuracy) and its
+**Lowest drift at a gain level** (ATLAS: `atlas`, `atlas-controls`, `real-atlas` and its pilot, version 1's fronts),
+the lab's **legacy** rule: it chose the committed results of the versions `LEGACY_LEVEL_RULE` pins, which keep
+recomputing under it. `kinfolk compare`, `kinfolk drift` and any later version of these experiments use the one
+matching rule instead (`kinfolk.drift.levels`: a run's drift read where it first reaches the level, interpolated,
+the geometric mean over seeds, levels on one scale of the baseline's gain); the two can disagree on the same curves,
+since this rule may take a later checkpoint that overshoots the level with less drift. tests/test_compare_levels.py
+holds every ATLAS experiment's version to the table. A checkpoint carries its `step` (0: the untrained adapter), a score (`gain`, or the `target` accuracy) and its
 retained `kl`, one value or one per retained source.
 
 - a level (`gain_level`, `levels`) is frozen + fraction x (best - frozen), `best` the baseline's best score over its
@@ -11,7 +16,8 @@ retained `kl`, one value or one per retained source.
 - at a level, the chosen checkpoint is, among those reaching it, the one with the lowest drift (`lowest_at_level`);
   ties go to the one listed first: each experiment lists its runs in the order its plan names (`atlas` and the
   pilot: by run name; `atlas-controls`: by grid) and each run's checkpoints by step. None when none reaches;
-- drift over several retained sources is the geometric mean of their KLs, each floored at 1e-12 (`drift`).
+- drift over several retained sources is the geometric mean of their KLs, each floored at 1e-12 (`drift`:
+  `kinfolk.drift.levels.sources_drift`, the definition `kinfolk compare` uses too).
 
 Checked on every committed record when this rule replaced four copies (each with its own tie-break, one with a
 tolerance): no two reaching checkpoints ever tie on drift, so the tie-break decides no committed choice; the
@@ -68,19 +74,21 @@ and the null moves up: to 2/3 for version 1's statistic over 6 sizes ordered by 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
+from kinfolk.drift.levels import sources_drift
 from kinfolk.lab.methods.adapt.settings import ORDERS
 from kinfolk.lab.protocol.records import EndpointValue
 from kinfolk.plugins.adapt.hull import HullPoint, upper_hull
 
+# The experiment versions whose committed results the lowest-drift rule chose (a later version uses
+# `kinfolk.drift.levels`' rule and leaves this table).
+LEGACY_LEVEL_RULE = {"atlas": "2-reanalysis", "atlas-controls": "3", "real-atlas": "1"}
 LEVEL_DIGITS = 10  # a level is rounded to this many decimals
 LEVEL_TOLERANCE = 1e-9  # a score this far below a level still reaches it (float error; above the rounding's 5e-11)
-KL_FLOOR = 1e-12  # a trained checkpoint's KL is positive; the floor only guards log(0)
 
 Checkpoint = Mapping[str, Any]  # {"step", a score ("gain" or "target"), "kl": {source: KL}} on one split
 Candidate = TypeVar("Candidate")
@@ -88,8 +96,7 @@ Candidate = TypeVar("Candidate")
 
 def drift(point: Checkpoint, sources: Sequence[str] | None = None) -> float:
     """The geometric mean over `sources` (None: all the point's) of its KL(frozen || current), each floored."""
-    values = list(point["kl"].values()) if sources is None else [point["kl"][source] for source in sources]
-    return math.exp(sum(math.log(max(value, KL_FLOOR)) for value in values) / len(values))
+    return sources_drift(point["kl"].values() if sources is None else [point["kl"][source] for source in sources])
 
 
 def best_score(points: Iterable[Checkpoint], score: str = "gain") -> float:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import write_json
+from kinfolk.claims import until_made
 from kinfolk.errors import InputError
-from kinfolk.lab.protocol.claims import until_made
 from kinfolk.lab.protocol.experiment import Experiment
 from kinfolk.lab.protocol.plan import plan_path, write_plan
 from kinfolk.lab.protocol.runner import run_experiment

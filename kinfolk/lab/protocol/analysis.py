@@ -27,9 +27,15 @@ from typing import Any
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue
-from kinfolk.stats import MIN_INTERVAL_UNITS, cluster_bootstrap_interval, holm, one_sample_t_p, t_interval
+from kinfolk.stats import (
+    HOLM_LEVEL,
+    MIN_INTERVAL_UNITS,
+    cluster_bootstrap_interval,
+    holm,
+    one_sample_t_p,
+    t_interval,
+)
 
-HOLM_LEVEL = 0.05
 DIGITS = 6
 
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from kinfolk import console
 from kinfolk.atomic import write_json
-from kinfolk.lab.protocol.claims import claimed
+from kinfolk.claims import claimed
 from kinfolk.lab.protocol.experiment import Experiment
 from kinfolk.lab.protocol.records import kept_path, kept_record
 
@@ -60,7 +60,7 @@ class FamilyRunsExperiment(Experiment):
 
 class ClaimedFamilyRuns:
     """A family-runs maker whose run is made whole by one process: the process claims the run's folder
-    (`settings.work/<family>/run<r>`, `kinfolk.lab.protocol.claims`) while it makes it, so processes started alike
+    (`settings.work/<family>/run<r>`, `kinfolk.claims`) while it makes it, so processes started alike
     share the runs, and writes the record once whole; `make(family, run, where)` says what a run is."""
 
     record_version: ClassVar[int]

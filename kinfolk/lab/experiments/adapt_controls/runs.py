@@ -5,7 +5,7 @@ A run distils each variant's own student, the base's student with its SFT phase 
 post-training rows); patches every size of every method back in both orders (`kinfolk.lab.methods.adapt.AdaptFamily`,
 models kept under `settings.work/<family>/run<r>/`), measures them and routes graded reversal over the routing
 variant's distilled and weight-delta sizes. A process claims the whole run while it makes it
-(`kinfolk.lab.protocol.claims`), so processes started alike share the runs; the record goes to
+(`kinfolk.claims`), so processes started alike share the runs; the record goes to
 `settings.records/<family>/<run>.json` once whole.
 """
 

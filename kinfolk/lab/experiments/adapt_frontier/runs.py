@@ -6,7 +6,7 @@ schedule) and two base students, whose SFT phases answer the same disjoint probl
 method back in both orders (`kinfolk.lab.methods.adapt.AdaptFamily`, models kept under
 `settings.work/<family>/run<r>/`), measures them and routes graded reversal over the routing variant's distilled and
 weight-delta sizes at the whole extended threshold grid. A process claims the whole run while it makes it
-(`kinfolk.lab.protocol.claims`), so processes started alike share the runs; the record goes to
+(`kinfolk.claims`), so processes started alike share the runs; the record goes to
 `settings.records/<family>/<run>.json` once whole.
 """
 

@@ -4,7 +4,7 @@ Per run (a pool draw and a training seed), each cell's pool is drawn and scored 
 cell rescores the strong `pr` pool's very rows with the weak large base), then every arm at every value of its grid
 trains its cell's large base and is scored on the family's validation and test problems. Everything slow is kept
 under `settings.work` (each scored pool, each arm's result) and shared between processes started alike
-(`kinfolk.lab.protocol.claims`); the run's record goes to `settings.records/<family>/<run>.json` once whole.
+(`kinfolk.claims`); the run's record goes to `settings.records/<family>/<run>.json` once whole.
 
 A record: `bases` (each large base's pre-training steps and skill scores) and, per cell, the pool's size and kinds,
 the filter's precision (share of ideal rows it keeps) at each fraction, and per arm and grid value the trained
@@ -22,10 +22,10 @@ from datasets import Dataset
 
 from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.atlantis_controls.arms import training_rows, verifier_precision
 from kinfolk.lab.experiments.atlantis_controls.settings import BASES, Cell, ControlsSettings
 from kinfolk.lab.methods.cache import cached_json
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import record_key
 from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.skills import RESPONSE_KINDS

@@ -3,7 +3,7 @@
 Per family, the frozen model's measurement rows (`sources.DriftSources`), the target problems and the atlas (fitted
 on the family's train-split copy rows, as in version 1: `kinfolk.lab.methods.atlas.runs.prepare`) are built once per
 process. Each training run is kept under `settings.work` as soon as it ends and claimed while it runs
-(`kinfolk.lab.protocol.claims`), so processes started alike share the work; a run's record (every target, method and
+(`kinfolk.claims`), so processes started alike share the work; a run's record (every target, method and
 grid point, with their checkpoints) goes to `settings.records/<family>/<run>.json` once whole.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 from kinfolk import console
 from kinfolk.atomic import write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.atlas_controls.settings import ControlsSettings
 from kinfolk.lab.methods.atlas.runs import run_name
 from kinfolk.lab.methods.cache import cached_json
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.family_runs import record_key
 from kinfolk.lab.protocol.records import kept_path, kept_record
 

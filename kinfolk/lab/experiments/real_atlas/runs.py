@@ -26,11 +26,11 @@ import torch
 
 from kinfolk import console
 from kinfolk.atomic import atomic_directory, write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.real_atlas import corpus
-from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PRIMARY_LEVEL, RESIDUALS, RealAtlasSettings
+from kinfolk.lab.experiments.real_atlas.settings import BASELINE, PRIMARY_LEVEL, RealAtlasSettings
 from kinfolk.lab.methods.cache import cached_json
 from kinfolk.lab.methods.selection import checkpoints_at_levels
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference, chat_text, kept_answers, rows_from
 from kinfolk.lab.world.training import lab_trainer
@@ -152,10 +152,11 @@ class RealAtlasRuns:
         return self._states[seed]
 
     # ------------------------------------------------------------------------------------------ adapters
-    def atlas_config(self, residual: str = "atlas"):
+    def atlas_config(self):
+        """ATLAS's adapter at the shared placement and rank: every method's placement (`adapter_model`)."""
         from kinfolk.plugins.atlas import AtlasConfig
 
-        return AtlasConfig(r=self.settings.rank, residual=residual, layers_to_transform=[self.layer],
+        return AtlasConfig(r=self.settings.rank, layers_to_transform=[self.layer],
                            target_modules=[self.settings.module])  # fmt: skip
 
     def fit(self, state: SeedState) -> dict[str, torch.Tensor]:
@@ -171,22 +172,14 @@ class RealAtlasRuns:
         return atlas_buffers(template)
 
     def build(self, state: SeedState, method: str) -> torch.nn.Module:
-        """The frozen model with `method`'s adapter at the shared placement (atlas loaded for ATLAS residuals)."""
-        from peft import get_peft_model
+        """The frozen model with `method`'s adapter at the shared placement (atlas loaded for ATLAS adapters)."""
         from transformers import set_seed
 
-        from kinfolk.lab.methods.atlas.runs import tuner_layer
-        from kinfolk.plugins.atlas_comparators import matching_lora_config, matching_osf_config
+        from kinfolk.lab.methods.atlas.runs import adapter_model
 
         base = self.load()
         set_seed(state.seed)  # the adapter's random initialisation: the seed's, the same for every method
-        if method in RESIDUALS:
-            model = get_peft_model(base, self.atlas_config(RESIDUALS[method]))
-            tuner_layer(model).set_atlas("default", **state.atlas)
-            return model
-        if method == "osf":  # as many trained singular directions as LoRA's rank
-            return get_peft_model(base, matching_osf_config(base, self.atlas_config()))
-        return get_peft_model(base, matching_lora_config(base, self.atlas_config()))
+        return adapter_model(base, method, self.atlas_config(), state.atlas)
 
     # ------------------------------------------------------------------------------------------ runs
     def train(self, seed: int, method: str, learning_rate: float, strength: float | None, keep: Path | None):

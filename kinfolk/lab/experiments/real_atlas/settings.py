@@ -19,7 +19,6 @@ from kinfolk.lab.protocol.settings import RealModelSettings, real_models_root
 METHODS = ["lora", "atlas", "norm-matched", "osf", "lora+output-kl"]
 BASELINE = "lora"  # the method whose validation gain defines the levels
 PRIMARY_LEVEL = "high"  # the level of the primaries (and of the adapters a seed keeps)
-RESIDUALS = {"atlas": "atlas", "norm-matched": "norm_matched"}  # methods that are ATLAS adapters, by residual
 # Moved within the pilot, before the plan: ATLAS at 3e-4 gained 24 times less on code than LoRA at 1e-3 (its
 # filters damp the update), so its grid starts higher; OSF at 1e-4, 1e-3 and 1e-2 gained 0, 4e-5 and 2.5e-3 nats
 # (LoRA: 0.09), since it trains the weight's smallest singular directions, so its grid starts at 1e-2.

@@ -17,11 +17,11 @@ from typing import Any
 
 from kinfolk import console
 from kinfolk.atomic import write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.real_boomerang_controls.settings import LOSS_WEIGHTS, RealBoomerangControlsSettings
 from kinfolk.lab.methods import real_corpus as corpus
 from kinfolk.lab.methods.adapt.size_runs import SizeCurveRuns
 from kinfolk.lab.methods.cache import cached_json
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE

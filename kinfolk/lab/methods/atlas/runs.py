@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 
-from kinfolk.lab.methods.atlas.settings import REGULARISERS, RESIDUALS, SPLITS, AtlasSettings
+from kinfolk.lab.methods.atlas.settings import REGULARISERS, SPLITS, AtlasSettings, registry_method
 from kinfolk.lab.world import corpus
 from kinfolk.lab.world.family import Family
 from kinfolk.lab.world.skills import RETAINED, answer_of, render
@@ -46,13 +46,13 @@ class Context:
     def frozen_score(self, skill: str, split: str) -> float:
         return accuracy(self.problems[split][skill], self.frozen_answers[split][skill])
 
-    def atlas_config(self, residual: str = "atlas"):
+    def atlas_config(self):
+        """ATLAS's adapter at the experiment's placement and rank: every method's placement (`adapter_model`)."""
         from kinfolk.plugins.atlas import AtlasConfig
 
         s = self.settings
         return AtlasConfig(
             r=s.rank,
-            residual=residual,
             num_regions=s.regions,
             layers_to_transform=[self.layer],
             target_modules=[s.module],
@@ -263,23 +263,31 @@ def measure(context: Context, target: str, model: torch.nn.Module, step: int) ->
 # ------------------------------------------------------------------------------------------------ training
 def build_adapter(context: Context, method: str, seed: int) -> torch.nn.Module:
     """The large base with `method`'s adapter at the experiment's placement and rank (atlas loaded, CorDA fitted)."""
-    from peft import get_peft_model
     from transformers import set_seed
 
-    from kinfolk.plugins.atlas_comparators import corda_kpm_model, matching_lora_config, matching_osf_config
+    from kinfolk.plugins.atlas_comparators import corda_kpm_model
 
     base = context.family.load("large_base")
-    atlas_config = context.atlas_config(RESIDUALS.get(method, "atlas"))
     set_seed(seed)  # the adapter's random initialisation (A), the same for every method of a family
     if method == "corda":
-        return corda_kpm_model(base, atlas_config, context.fit_data, context.tokenizer, max_length=MAX_LENGTH)
-    if method in RESIDUALS:
-        model = get_peft_model(base, atlas_config)
-        tuner_layer(model).set_atlas("default", **context.atlas)
-        return model
-    if method == "osf":  # as many trained singular directions as LoRA's rank
-        return get_peft_model(base, matching_osf_config(base, atlas_config))
-    return get_peft_model(base, matching_lora_config(base, atlas_config))
+        return corda_kpm_model(
+            base, context.atlas_config(), context.fit_data, context.tokenizer, max_length=MAX_LENGTH
+        )
+    return adapter_model(base, method, context.atlas_config(), context.atlas)
+
+
+def adapter_model(
+    base: torch.nn.Module, method: str, placement: Any, atlas: dict[str, torch.Tensor]
+) -> torch.nn.Module:
+    """`base` with the lab method's adapter (`registry_method`, `kinfolk compare`'s registry) at `placement` (an
+    `AtlasConfig`), the fitted `atlas` loaded into an ATLAS adapter."""
+    from peft import get_peft_model
+
+    spec = registry_method(method)
+    model = get_peft_model(base, spec.peft_config(base, placement))
+    if spec.fits_atlas:
+        tuner_layer(model).set_atlas("default", **atlas)
+    return model
 
 
 def train_run(

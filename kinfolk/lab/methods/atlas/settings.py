@@ -5,21 +5,42 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from kinfolk.compare.methods import METHODS as REGISTRY
+from kinfolk.compare.methods import Method
 from kinfolk.lab.world.family import LabConfig
 from kinfolk.lab.world.skills import HELD_OUT, RETAINED, SEPARATED_TARGET, SKILLS, TARGET
 
 BASELINE = "lora"
 CONTROL = "norm-matched"  # full ATLAS's step-size control
-RESIDUALS = {
+# The lab's method names (its committed records are keyed by them) -> `kinfolk compare`'s method registry, which
+# builds every lab adapter but CorDA (initialised from the retained data: the lab's alone, `build_adapter`).
+REGISTRY_NAMES = {"lora": "lora", "atlas": "atlas", CONTROL: "norm_matched", "osf": "osf",
+                  "lora+replay": "lora_replay", "lora+output-kl": "lora_output_kl"}  # fmt: skip
+# The residual ablations: ATLAS's adapter with another residual (`kinfolk.plugins.atlas.config.RESIDUALS`).
+ABLATIONS = {
     "plain": "plain",
     "centered": "centered",
     "distance-scaled": "distance_scaled",
     "pca-scaled": "pca_scaled",
-    "atlas": "atlas",
-    CONTROL: "norm_matched",
 }
-REGULARISERS = {"lora+replay": "replay_ratio", "lora+output-kl": "output_kl_coef"}  # WeightedSFTConfig fields
 METHODS = ("lora", "corda", "plain", "centered", "atlas", CONTROL, "lora+replay", "lora+output-kl")
+
+
+def registry_method(name: str) -> Method:
+    """The registry's method a lab method name builds (an ablation: ATLAS with the ablation's residual).
+
+    >>> registry_method("norm-matched").residual, registry_method("plain").residual, registry_method("osf").adapter
+    ('norm_matched', 'plain', 'osf')
+    """
+    if name in ABLATIONS:
+        return dataclasses.replace(REGISTRY["atlas"], name=name, residual=ABLATIONS[name])
+    return REGISTRY[REGISTRY_NAMES[name]]
+
+
+# WeightedSFTConfig fields of the methods that add a loss term on the retained rows
+REGULARISERS = {
+    name: registry_method(name).regulariser for name in REGISTRY_NAMES if registry_method(name).regulariser
+}
 TARGETS = (TARGET, SEPARATED_TARGET)
 SPLITS = ("validation", "test")
 # The experiment's families: an 8-layer large base that learns both target skills in pre-training (every format).

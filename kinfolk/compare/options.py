@@ -1,7 +1,7 @@
 """`CompareArguments`: the options of `kinfolk compare`, as `TrlParser`/YAML fields (`--config compare.yaml`).
 
 Checked as parsed (a value out of range is a one-line usage error, exit 2); what needs the files (splits, the
-model, the metric's module) is checked by `kinfolk.commands.compare_runs` before any model loads.
+model, the metric's module) is checked by `kinfolk.compare.runs` before any model loads.
 
 >>> args = CompareArguments(model_name_or_path="m", dataset_name="d", retained_dataset_name="r", out="o",
 ...                         methods=["lora", "lora_replay"], learning_rates=[1e-4], seeds=[0])
@@ -11,22 +11,16 @@ model, the metric's module) is checked by `kinfolk.commands.compare_runs` before
 ...                  methods=["lora", "dora"])
 Traceback (most recent call last):
 ...
-ValueError: --methods: unknown method 'dora'; choose from lora, atlas, lora_output_kl, lora_replay, full
+ValueError: --methods: unknown method 'dora'; choose from lora, atlas, norm_matched, lora_output_kl, lora_replay, osf, full
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-# method -> what a run of it trains
-METHODS = {
-    "lora": "LoRA at ATLAS's placement and rank (the attention output projection of one layer at 0.47 of the depth, unless "
-    "--target_modules/--layers say otherwise), so the comparison changes the method and nothing else",
-    "atlas": "ATLAS, its atlas fitted on the retained training rows",
-    "lora_output_kl": "LoRA plus Output-KL (--output_kl_coef) on the retained training rows",
-    "lora_replay": "LoRA plus replay (--replay_ratio) of the retained training rows",
-    "full": "full fine-tuning of every weight (refused where weights, gradients and Adam's moments do not fit)",
-}
+from kinfolk.compare.methods import METHODS
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -39,10 +33,12 @@ class CompareArguments:
             "folder or a Hub dataset, with a training and a validation split."
         }
     )
-    retained_dataset_name: str = field(
+    retained_dataset_name: list[str] = field(
         metadata={
             "help": "Retained data (the same formats) with a training split (replay, Output-KL, the ATLAS fit) and a "
-            "split the retained KL is measured on."
+            "split the retained KL is measured on; several sources as several values (a YAML list), each PATH or "
+            "NAME=PATH (the name defaults to the folder's): the KL is measured per source, and the drift is their "
+            "geometric mean."
         }
     )
     out: str = field(
@@ -53,7 +49,9 @@ class CompareArguments:
     )
     methods: list[str] = field(
         default_factory=lambda: ["lora", "atlas"],
-        metadata={"help": f"Methods to compare, among: {'; '.join(f'{m}: {what}' for m, what in METHODS.items())}."},
+        metadata={
+            "help": f"Methods to compare, among: {'; '.join(f'{m}: {method.help}' for m, method in METHODS.items())}."
+        },
     )
     baseline: str = field(default="lora", metadata={"help": "The method every other one is judged against."})
     learning_rates: list[float] = field(
@@ -67,6 +65,20 @@ class CompareArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "Split of --dataset_name trained on."})
     dataset_validation_split: str = field(
         default="validation", metadata={"help": "Split of --dataset_name the target metric is measured on."}
+    )
+    test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of --dataset_name and of every retained source that only the verdicts read (every choice "
+            "reads the validation splits); needed by --plan."
+        },
+    )
+    plan: bool = field(
+        default=False,
+        metadata={
+            "help": "Confirmatory mode: write OUT/plan.json (every setting, the primaries, its hash) before any run, "
+            "refuse runs under a changed plan, and correct the primaries' verdicts by Holm (needs --test_split)."
+        },
     )
     retained_train_split: str = field(
         default="train", metadata={"help": "Split of --retained_dataset_name that replay, Output-KL and ATLAS use."}
@@ -124,6 +136,14 @@ class CompareArguments:
         metadata={"help": "Verdict levels, as fractions of the baseline's gain at its chosen rate."},
     )
     measure_batch_size: int = field(default=8, metadata={"help": "Rows per forward pass when measuring."})
+    churn_prompts: int = field(
+        default=64,
+        metadata={
+            "help": "Retained prompts (the first rows of --retained_kl_split) whose greedy answers each run keeps at "
+            "every measurement, for the answer churn at the verdict levels; 0: none."
+        },
+    )
+    churn_tokens: int = field(default=16, metadata={"help": "New tokens of each greedy answer (--churn_prompts)."})
     dtype: str = field(
         default="float32",
         metadata={"help": "Weights' dtype (float32 keeps KLs of 1e-4 above rounding noise).", "choices": DTYPES},
@@ -133,6 +153,18 @@ class CompareArguments:
     verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else OUT/run.log has it)."})
 
     def __post_init__(self) -> None:
+        if isinstance(self.retained_dataset_name, str):  # one source, as a keyword or a YAML scalar
+            self.retained_dataset_name = [self.retained_dataset_name]
+        names = [name for name, _ in self._named_sources()]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"--retained_dataset_name needs at least one source and distinct names, got {names} "
+                             "(name two sources of one folder name NAME=PATH)")  # fmt: skip
+        if self.plan and self.test_split is None:
+            raise ValueError("--plan needs --test_split: the verdicts of a planned comparison read test splits only")
+        if self.test_split is not None and self.lm_eval_task is not None:
+            raise ValueError("--test_split and --lm_eval_task: an lm-eval task has no test split of kinfolk's")
+        if self.test_split in (self.dataset_validation_split, self.retained_kl_split, self.dataset_train_split):
+            raise ValueError(f"--test_split {self.test_split} is also a training or validation split")
         unknown = [method for method in self.methods if method not in METHODS]
         if unknown:
             raise ValueError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
@@ -150,15 +182,36 @@ class CompareArguments:
             raise ValueError(f"--levels and --selection_fraction are fractions in (0, 1], got {self.levels} and "
                              f"{self.selection_fraction}")  # fmt: skip
         counts = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "rank", "atlas_regions",
-                  "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads")  # fmt: skip
+                  "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads",
+                  "churn_tokens")  # fmt: skip
         for name in counts:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.churn_prompts < 0:
+            raise ValueError(f"--churn_prompts must be 0 (none) or more, got {self.churn_prompts}")
         if self.max_steps < 1 or not 1 <= self.eval_steps <= self.max_steps:
             raise ValueError(f"need 1 <= --eval_steps <= --max_steps, got {self.eval_steps} and {self.max_steps}")
         if self.metric is not None and self.lm_eval_task is not None:
             raise ValueError("--metric and --lm_eval_task each set the target metric: give one")
-        if "lora_replay" in self.methods and not 0 < self.replay_ratio < 1:
-            raise ValueError(f"--replay_ratio must lie in (0, 1) for lora_replay, got {self.replay_ratio}")
-        if "lora_output_kl" in self.methods and not self.output_kl_coef > 0:
-            raise ValueError(f"--output_kl_coef must be positive for lora_output_kl, got {self.output_kl_coef}")
+        regularisers = {METHODS[method].regulariser: method for method in self.methods}
+        if "replay_ratio" in regularisers and not 0 < self.replay_ratio < 1:
+            raise ValueError(f"--replay_ratio must lie in (0, 1) for {regularisers['replay_ratio']}, got "
+                             f"{self.replay_ratio}")  # fmt: skip
+        if "output_kl_coef" in regularisers and not self.output_kl_coef > 0:
+            raise ValueError(f"--output_kl_coef must be positive for {regularisers['output_kl_coef']}, got "
+                             f"{self.output_kl_coef}")  # fmt: skip
+
+    def retained_sources(self) -> dict[str, str]:
+        """Each retained source's name and data path (`NAME=PATH`, or the path's last part as its name).
+
+        >>> CompareArguments(model_name_or_path="m", dataset_name="d", out="o",
+        ...                  retained_dataset_name=["prose/", "code=data/code"]).retained_sources()
+        {'prose': 'prose/', 'code': 'data/code'}
+        """
+        return dict(self._named_sources())
+
+    def _named_sources(self) -> list[tuple[str, str]]:
+        return [
+            tuple(value.split("=", 1)) if "=" in value else (Path(value).name or value, value)
+            for value in self.retained_dataset_name
+        ]

@@ -1,7 +1,7 @@
 """How `kinfolk compare` trains one run: `kinfolk sft`'s trainer with the method, measured as it trains.
 
 A run is `WeightedSFTTrainer` on the target's training split at one learning rate and seed, for `--max_steps`
-steps, with the method's adapter or regulariser (`compare_options.METHODS`; ATLAS's options and fit are `kinfolk
+steps, with the method's adapter or regulariser (`kinfolk.compare.methods.METHODS`; ATLAS's options and fit are `kinfolk
 sft`'s, `AtlasArguments`), and two callbacks measuring every `--eval_steps` steps from step 0 into the run's
 `drift.jsonl`: `RetainedKLCallback` (KL(frozen || current) on the retained KL split) and `TargetMetricCallback`
 (the target score, higher is better: minus the validation NLL per token by default, a user's function with
@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from kinfolk.atomic import fingerprint
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
 from kinfolk.callbacks.target_metric import (
@@ -33,20 +32,19 @@ from kinfolk.callbacks.target_metric import (
     metric_function,
     validation_nll,
 )
-from kinfolk.commands.compare_options import CompareArguments
-from kinfolk.commands.drift_report import load_run
 from kinfolk.commands.sft_atlas_options import AtlasArguments
-from kinfolk.compare import RunKey, check_settings, run_keys
+from kinfolk.compare.answers import ANSWERS_FILE, AnswersCallback, retained_prompts
+from kinfolk.compare.grid import RunKey, check_settings, run_keys
+from kinfolk.compare.measures import TARGET, TEST, VALIDATION, Curves, append_drift, read_curves, source_keys
+from kinfolk.compare.measures import key as key_of
+from kinfolk.compare.methods import METHODS
+from kinfolk.compare.options import CompareArguments
 from kinfolk.data import load_splits, naming, select_split
-from kinfolk.drift import Run
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
-from kinfolk.plugins.atlas_comparators import matching_lora_config
 from kinfolk.tensors import TensorReader
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
 
-TARGET, KL = "target", "retained_kl"  # the drift.jsonl keys matched
-REGULARISED = ("lora_output_kl", "lora_replay")  # the methods that train on retained rows
 FULL_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and Adam's two moments
 
 
@@ -65,16 +63,31 @@ class CompareRuns:
         self.args = args
         self.keys = run_keys(args.methods, args.learning_rates, args.seeds)
         self.user_metric = load_metric_function(args.metric) if args.metric else None
-        self.settings = {method: fingerprint(self._settings(method)) for method in args.methods}
+        self.settings = {method: self._settings(method) for method in args.methods}
         check_settings(self.keys, args.out, self.settings)
         check_model(args.model_name_or_path, "the --model_name_or_path", tokenizer=True)
-        target, retained = args.dataset_name, args.retained_dataset_name
+        self.sources = args.retained_sources()
         with _no_progress_bars():  # before the log opens: datasets' bars would reach the terminal
-            target_splits, retained_splits = load_splits(target), load_splits(retained)
-        self.train_rows = select_split(target_splits, args.dataset_train_split, target)
-        self.validation_rows = select_split(target_splits, args.dataset_validation_split, target)
-        self.retained_rows = select_split(retained_splits, args.retained_train_split, retained)
-        self.retained_kl_rows = select_split(retained_splits, args.retained_kl_split, retained)
+            target_splits = load_splits(args.dataset_name)
+            source_splits = {name: load_splits(path) for name, path in self.sources.items()}
+        self.train_rows = select_split(target_splits, args.dataset_train_split, args.dataset_name)
+        self.validation_rows = select_split(target_splits, args.dataset_validation_split, args.dataset_name)
+        self.retained_rows = _together(
+            {
+                name: select_split(source_splits[name], args.retained_train_split, path)
+                for name, path in self.sources.items()
+            }
+        )
+        self.kl_rows = {
+            (VALIDATION, name): select_split(source_splits[name], args.retained_kl_split, path)
+            for name, path in self.sources.items()
+        }
+        if args.test_split is not None:
+            self.test_rows = select_split(target_splits, args.test_split, args.dataset_name)
+            self.kl_rows |= {
+                (TEST, name): select_split(source_splits[name], args.test_split, path)
+                for name, path in self.sources.items()
+            }
         self.task_manager = _lm_eval_tasks(args.lm_eval_task) if args.lm_eval_task is not None else None
         if "full" in args.methods:
             _check_full_fits(args.model_name_or_path, args.use_cpu)
@@ -92,15 +105,13 @@ class CompareRuns:
                 "lm_eval_metric", "lm_eval_limit", "measure_batch_size", "dtype",
             )
         }  # fmt: skip
-        own = {
-            "lora": ("rank", "target_modules", "layers"),
-            "atlas": ("rank", "target_modules", "layers", "retained_train_split", "atlas_regions", "atlas_directions",
-                      "atlas_fit_rows"),
-            "lora_output_kl": ("rank", "target_modules", "layers", "retained_train_split", "output_kl_coef"),
-            "lora_replay": ("rank", "target_modules", "layers", "retained_train_split", "replay_ratio"),
-            "full": (),
-        }[method]  # fmt: skip
-        return {"method": method, **shared, **{name: getattr(args, name) for name in own}}
+        sources = args.retained_dataset_name
+        shared["retained_dataset_name"] = (
+            sources[0] if len(sources) == 1 else sources
+        )  # one source: fingerprinted as before
+        if args.test_split is not None:
+            shared["test_split"] = args.test_split
+        return {"method": method, **shared, **{name: getattr(args, name) for name in METHODS[method].settings}}
 
     @property
     def target(self) -> str:
@@ -118,23 +129,32 @@ class CompareRuns:
         args = self.args
         return [
             f"Model `{args.model_name_or_path}`; target `{args.dataset_name}` (trained on `{args.dataset_train_split}`"
-            f"); retained `{args.retained_dataset_name}` (KL measured on `{args.retained_kl_split}`, regularisers and "
-            f"the ATLAS fit on `{args.retained_train_split}`).",
-            f"Target score (higher is better): {self.target}. Drift: retained KL(frozen || current) per token.",
+            f"); retained {', '.join(f'`{name}` (`{path}`)' for name, path in self.sources.items())} (KL measured on "
+            f"`{args.retained_kl_split}`, regularisers and the ATLAS fit on `{args.retained_train_split}`)"
+            + ("." if args.test_split is None else f"; every verdict reads the test split `{args.test_split}`."),
+            f"Target score (higher is better): {self.target}. Drift: retained KL(frozen || current) per token"
+            + ("." if len(self.sources) == 1 else ", the geometric mean over the retained sources."),
             f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates "
             f"{', '.join(f'{rate:g}' for rate in args.learning_rates)} x seeds {', '.join(map(str, args.seeds))}; "
             f"{args.max_steps} steps each, measured at step 0 and every {args.eval_steps} steps.",
         ]
 
-    def load(self, key: RunKey, folder: Path) -> Run:
-        """A run's checkpoints (step, target score, retained KL) from its drift.jsonl."""
-        return load_run(key.method, str(key.seed), folder, TARGET, KL)
+    @property
+    def splits(self) -> list[str]:
+        """The splits every checkpoint is measured on."""
+        return [VALIDATION] + ([TEST] if self.args.test_split is not None else [])
+
+    def load(self, key: RunKey, folder: Path) -> Curves:
+        """A run's curves from its drift.jsonl (`kinfolk.compare.measures`)."""
+        return read_curves(key.method, key.seed, folder, list(self.sources), self.args.test_split is not None)
 
     def train(self, key: RunKey, folder: Path, step_done) -> None:
         """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step."""
         args = self.args
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+        cpu = args.use_cpu or not torch.accelerator.is_available()
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
+        method = METHODS[key.method]
         atlas = AtlasArguments(
             use_atlas=True,
             atlas_layers=args.layers,
@@ -145,12 +165,8 @@ class CompareRuns:
             atlas_fit_max_length=args.max_length,
             atlas_seed=key.seed,
         )
-        if key.method == "full":
-            peft_config = None
-        elif key.method == "atlas":
-            peft_config = atlas.peft_config()
-        else:  # LoRA where ATLAS would sit, at its rank: the comparison changes the method and nothing else
-            peft_config = matching_lora_config(model, atlas.peft_config())
+        peft_config = method.peft_config(model, atlas.peft_config())  # at ATLAS's placement and rank
+        regulariser = {method.regulariser: getattr(args, method.regulariser)} if method.regulariser else {}
         config = WeightedSFTConfig(
             output_dir=str(folder),
             learning_rate=key.learning_rate,
@@ -164,11 +180,11 @@ class CompareRuns:
             save_strategy="no",
             report_to="none",
             disable_tqdm=True,
-            use_cpu=args.use_cpu,
+            use_cpu=cpu,
+            bf16=False if cpu else None,  # chosen here: the trainer's CPU note would hint --bf16, not compare's
             gradient_checkpointing=False,
             weight_column=None,
-            output_kl_coef=args.output_kl_coef if key.method == "lora_output_kl" else 0.0,
-            replay_ratio=args.replay_ratio if key.method == "lora_replay" else 0.0,
+            **regulariser,
         )
         with naming(args.dataset_name):
             trainer = WeightedSFTTrainer(
@@ -177,27 +193,38 @@ class CompareRuns:
                 train_dataset=self.train_rows,
                 processing_class=self.tokenizer,
                 peft_config=peft_config,
-                retained_dataset=self.retained_rows if key.method in REGULARISED else None,
+                retained_dataset=self.retained_rows if regulariser else None,
             )
-        if key.method == "atlas":
+        if method.fits_atlas:
             rows = self.retained_rows
             if args.atlas_fit_rows is not None:
                 rows = rows.select(range(min(args.atlas_fit_rows, len(rows))))
             atlas.fit(trainer.model, self.tokenizer, progress=False, retained=rows)
-        trainer.add_callback(
-            RetainedKLCallback(
-                trainer,
-                self.retained_kl_rows,
-                every_n_steps=args.eval_steps,
-                batch_size=args.measure_batch_size,
-                max_length=args.max_length,
-                metric_name=KL,
-                measure_at_start=True,
+        for split in self.splits:
+            for source, name in source_keys(list(self.sources), split).items():
+                trainer.add_callback(
+                    RetainedKLCallback(
+                        trainer,
+                        self.kl_rows[split, source],
+                        every_n_steps=args.eval_steps,
+                        batch_size=args.measure_batch_size,
+                        max_length=args.max_length,
+                        metric_name=name,
+                        measure_at_start=True,
+                    )
+                )
+            rows = self.validation_rows if split == VALIDATION else self.test_rows
+            trainer.add_callback(
+                TargetMetricCallback(trainer, self._measure(config, rows), args.eval_steps, key_of(TARGET, split))
             )
-        )
-        trainer.add_callback(TargetMetricCallback(trainer, self._measure(config), args.eval_steps, TARGET))
+        if args.churn_prompts:  # answer churn beside the KL (kinfolk.compare.answers), on the first retained source
+            kl_rows = self.kl_rows[VALIDATION, next(iter(self.sources))]
+            prompts = retained_prompts(kl_rows, self.tokenizer, args.churn_prompts)
+            trainer.add_callback(AnswersCallback(trainer, prompts, args.eval_steps, args.churn_tokens,
+                                                 folder / ANSWERS_FILE))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
         trainer.train()
+        append_drift(folder, list(self.sources), self.splits)
         del trainer, model
         for cache in folder.glob(FROZEN_CACHE_FILE.format(rank="*")):  # full fine-tuning's frozen side: done with
             cache.unlink()
@@ -205,15 +232,16 @@ class CompareRuns:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _measure(self, config: WeightedSFTConfig):
+    def _measure(self, config: WeightedSFTConfig, rows):
+        """The target metric on `rows` (the target's validation or test split)."""
         args = self.args
         if args.lm_eval_task is not None:
             return lm_eval_metric(
                 args.lm_eval_task, args.lm_eval_metric, args.lm_eval_limit, args.measure_batch_size, self.task_manager
             )
         if self.user_metric is not None:
-            return metric_function(self.user_metric, list(self.validation_rows))
-        return validation_nll(self.validation_rows, self.tokenizer, config, args.max_length, args.measure_batch_size)
+            return metric_function(self.user_metric, list(rows))
+        return validation_nll(rows, self.tokenizer, config, args.max_length, args.measure_batch_size)
 
 
 @contextlib.contextmanager
@@ -227,6 +255,18 @@ def _no_progress_bars() -> Iterator[None]:
     finally:
         if enabled:
             datasets.enable_progress_bars()
+
+
+def _together(rows_by_source: dict):
+    """The sources' training rows as one dataset (their columns must agree: one SFT format)."""
+    from datasets import concatenate_datasets
+
+    columns = {name: sorted(rows.column_names) for name, rows in rows_by_source.items()}
+    if len({tuple(names) for names in columns.values()}) > 1:
+        raise InputError(
+            f"the retained sources' training rows have different columns ({columns}); give them one format"
+        )
+    return concatenate_datasets(list(rows_by_source.values()))
 
 
 def _lm_eval_tasks(task: str):

@@ -22,6 +22,7 @@ from typing import TypeVar
 from kinfolk.atomic import Writer, current_writer
 
 K = TypeVar("K")
+CLAIM_FILE = "claimed-by"  # in the claimed folder: the holder (`kinfolk.atomic.Writer`) as JSON
 
 
 @contextlib.contextmanager
@@ -30,7 +31,7 @@ def claimed(where: Path) -> Iterator[bool]:
     by a process that died is taken over (`kinfolk.atomic.Writer`: host, boot and start time, so a reused process
     id is not mistaken for the holder). The claim is released when the block ends."""
     where.mkdir(parents=True, exist_ok=True)
-    claim = where / "claimed-by"
+    claim = where / CLAIM_FILE
     try:
         handle = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
