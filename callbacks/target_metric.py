@@ -30,16 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
-from kinfolk.divergence import OutputHead
+from kinfolk.divergence import OutputHead, label_log_probs_from_hidden, last_hidden_states
+from kinfolk.divergence.sources import scored_positions
 from kinfolk.errors import InputError
-from kinfolk.logprobs import label_log_probs
 from kinfolk.prefix_cache import MeasuredFromLayer
+from kinfolk.tokens import IGNORE_INDEX
 
 Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
 PREFIX_DIRECTORY = "{name}_prefix{rank}"  # where large kept layer inputs go, freed at the end of training
@@ -112,14 +114,18 @@ class ValidationNLL:
     batches: list[dict[str, torch.Tensor]]
 
     def __call__(self, model: torch.nn.Module, _tokenizer=None) -> float:
-        device = OutputHead.of(model).weight.device
+        head = OutputHead.of(model)
         total = tokens = 0.0
-        with torch.no_grad():
+        with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
             for batch in self.batches:
-                batch = {name: tensor.to(device) for name, tensor in batch.items()}
-                log_probs, mask = label_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
-                total += float(log_probs.double().sum())
-                tokens += float(mask.sum())
+                batch = {name: tensor.to(head.weight.device) for name, tensor in batch.items()}
+                # the head on the scored positions only (a completion is often a small part of a row)
+                scored = batch["labels"][:, 1:] != IGNORE_INDEX
+                hidden = last_hidden_states(model, batch["input_ids"], batch["attention_mask"])
+                hidden = scored_positions(hidden, scored.to(hidden.device)).to(head.weight.device)
+                labels = batch["labels"][:, 1:][scored]
+                total += float(label_log_probs_from_hidden(hidden, labels, head).sum())
+                tokens += float(scored.sum())
         return total / max(tokens, 1.0)
 
 
