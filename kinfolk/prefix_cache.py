@@ -256,15 +256,20 @@ class PrefixCache:
         skip_rest = _replaced_forwards(layers[cache.layer :], _pass_through)
         hook = layers[cache.layer].register_forward_pre_hook(capture, with_kwargs=True)
         backbone = _backbone(model)
+        was_training = model.training
+        model.eval()  # what a measurement sees: no dropout (callbacks build at train start, in train mode)
         try:
             with torch.no_grad(), skip_rest:
                 for batch in batches:
                     captured.clear()
                     backbone(**_inputs(batch, model), use_cache=False)
                     cache._keep(_key(batch), captured[0])
+            hook.remove()  # before the check, whose forwards are not to be kept
+            same = not batches or cache._same_as_full(model, batches[0])
         finally:
-            hook.remove()
-        if batches and not cache._same_as_full(model, batches[0]):
+            hook.remove()  # idempotent: also when a forward above failed
+            model.train(was_training)
+        if not same:
             cache.close()
             return PrefixChoice(None, f"the forward from layer {cache.layer} differs from the full one")
         return PrefixChoice(cache, changed.reason)

@@ -186,3 +186,17 @@ def test_states_kept_on_disk_give_the_same_score_and_are_removed_on_close(tmp_pa
     assert score == pytest.approx(reference_score(model, batches), rel=1e-6)
     cache.close()
     assert not (tmp_path / "prefix").exists() and len(cache) == 0
+
+
+def test_built_in_train_mode_it_keeps_what_eval_mode_computes():
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, target_modules=["o_proj"], layers_to_transform=[LAYER], init_lora_weights=False)
+    model = get_peft_model(build_model("llama", "large", attention_dropout=0.5), lora)
+    batches = padded_batches(BATCHES)
+    model.train()  # as at train start, where the callbacks build: dropout would scramble the kept states
+    cache = PrefixCache.build(model, batches).cache
+    assert model.training
+    model.eval()
+    with torch.no_grad(), cache.active(model):
+        score = ValidationNLL(batches)(model)
+    assert score == pytest.approx(reference_score(model, batches), rel=1e-6)
