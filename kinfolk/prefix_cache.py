@@ -380,7 +380,7 @@ class MeasuredFromLayer:
         cache is built from `batches` on the first call); yields whether it is in use."""
         if self.enabled and self.choice is None:
             self.choice = PrefixCache.build(model, batches, self.directory)
-            logger.info("retained measurements: %s", self.choice.description)
+            logger.info("measuring %s", self.choice.description)
         if self.layer is None:
             yield False
             return
