@@ -17,6 +17,11 @@ projection per measurement) and `"hidden"` otherwise (frozen last hidden states;
 `"log_probs"` stores frozen log-probs (exact, or top-k with an error bound via `cache_top_k`); `"none"`
 recomputes the frozen side at every measurement (a second forward pass).
 
+Measuring from the first changed layer (`measure_from_layer=True`, the default): where every trainable parameter
+and adapter lies in decoder layer L or above (ATLAS's placement, LoRA on one layer), the hidden states entering
+layer L on this process's retained batches are computed once (`kinfolk.prefix_cache`), and each measurement runs
+layers L.. and the head only; exact, and not used (read from the model) when anything below L can change.
+
     trainer = SFTTrainer(model=peft_model, args=SFTConfig(output_dir="out", eval_strategy="steps"), ...)
     trainer.add_callback(RetainedKLCallback(trainer, retained_dataset, every_n_steps=50))
     trainer.train()
@@ -36,9 +41,11 @@ from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
+from kinfolk.prefix_cache import MeasuredFromLayer
 from kinfolk.sharding import unsharded_root
 
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
+PREFIX_DIRECTORY = "retained_kl_prefix{rank}"  # where large kept layer inputs go, freed at the end of training
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -61,6 +68,8 @@ class RetainedKLCallback(MeasuredAtSteps):
         batch_size, max_length: measurement batches (max_length default: the trainer's, else 1024).
         metric_name: the logged name (default "retained_kl").
         measure_at_start: also measure before the first step (0 for an identity-initialised adapter).
+        measure_from_layer: run only the layers from the first changed one where that is exact (see above);
+            False: full forwards.
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class RetainedKLCallback(MeasuredAtSteps):
         max_length: int | None = None,
         metric_name: str = "retained_kl",
         measure_at_start: bool = False,
+        measure_from_layer: bool = True,
     ):
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
@@ -100,6 +110,9 @@ class RetainedKLCallback(MeasuredAtSteps):
         self.frozen = None
         self.frozen_description = ""
         self.cache_used = cache
+        rank = trainer.args.process_index
+        directory = Path(trainer.args.output_dir) / PREFIX_DIRECTORY.format(rank=f".rank{rank}" if rank else "")
+        self.prefix = MeasuredFromLayer(measure_from_layer, directory)
 
     # -- set-up -----------------------------------------------------------------------------------------------
     def _model(self) -> torch.nn.Module:
@@ -120,16 +133,18 @@ class RetainedKLCallback(MeasuredAtSteps):
     def _build_frozen(self, state) -> None:
         model = self._model()
         device = OutputHead.of(model).weight.device
-        frozen = frozen_source(
-            model,
-            (_to(batch, device) for batch, _ in self._my_batches()),
-            self.cache,
-            reference_model=self.reference_model,
-            divergence=self.divergence,
-            top_k=self.cache_top_k,
-            saved=self._cache_path(),
-            resume_step=state.global_step,
-        )
+        # the prefix first: a frozen side built through the model then also starts at the first changed layer
+        with self.prefix.active(model, [batch for batch, _ in self._my_batches()]):
+            frozen = frozen_source(
+                model,
+                (_to(batch, device) for batch, _ in self._my_batches()),
+                self.cache,
+                reference_model=self.reference_model,
+                divergence=self.divergence,
+                top_k=self.cache_top_k,
+                saved=self._cache_path(),
+                resume_step=state.global_step,
+            )
         self.frozen, self.cache_used, self.frozen_description = frozen.source, frozen.cache, frozen.description
 
     # -- measurement ------------------------------------------------------------------------------------------
@@ -152,9 +167,10 @@ class RetainedKLCallback(MeasuredAtSteps):
         model.eval()
         # [divergence sum, tokens, sum of per-context means, contexts, upper-bound sum]
         totals = torch.zeros(5, dtype=torch.float64, device=device)
+        my_batches = self._my_batches()
         try:
-            with torch.no_grad():
-                for batch, weight in self._my_batches():
+            with torch.no_grad(), self.prefix.active(model, [batch for batch, _ in my_batches]):
+                for batch, weight in my_batches:
                     batch = _to(batch, device)
                     result = token_divergence(
                         model,
@@ -205,6 +221,7 @@ class RetainedKLCallback(MeasuredAtSteps):
                 positions=self.positions,
                 frozen=self.frozen_description,
                 cache=self.cache_used,
+                from_layer=self.prefix.layer,
                 seconds=round(seconds, 4),
             )
             if control.should_save:
@@ -217,6 +234,10 @@ class RetainedKLCallback(MeasuredAtSteps):
             with unsharded_root(self._model()):
                 self._build_frozen(state)
         super().on_train_begin(args, state, control, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        super().on_train_end(args, state, control, **kwargs)
+        self.prefix.close()  # a later `measure()` keeps them again
 
     def on_save(self, args, state, control, **kwargs):
         if args.process_index == 0:

@@ -12,30 +12,39 @@ join the two by step. The measure is a function of the model and its tokenizer; 
 
 The model is measured in eval mode without gradients, and every RNG state is restored afterwards, so measuring
 changes nothing about training. Each process measures (a sharded model needs them all); the main one writes.
+A measure with fixed teacher-forced batches (`validation_nll`'s `.batches`) runs from the first changed layer where
+that is exact (`measure_from_layer=True`, as `RetainedKLCallback` does; `kinfolk.prefix_cache`).
 
     trainer.add_callback(TargetMetricCallback(trainer, validation_nll(validation, tokenizer), every_n_steps=50))
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
-from kinfolk.divergence import OutputHead
+from kinfolk.divergence import OutputHead, label_log_probs_from_hidden, last_hidden_states
+from kinfolk.divergence.sources import scored_positions
 from kinfolk.errors import InputError
-from kinfolk.logprobs import label_log_probs
+from kinfolk.prefix_cache import MeasuredFromLayer
+from kinfolk.tokens import IGNORE_INDEX
 
 Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
+PREFIX_DIRECTORY = "{name}_prefix{rank}"  # where large kept layer inputs go, freed at the end of training
 
 
 class TargetMetricCallback(MeasuredAtSteps):
@@ -47,6 +56,8 @@ class TargetMetricCallback(MeasuredAtSteps):
         every_n_steps: also measure every N optimiser steps (None: at evaluations, the start and the end).
         metric_name: the logged name.
         measure_at_start: measure the untouched model before the first step.
+        measure_from_layer: a measure with `.batches` runs from the first changed layer where that is exact;
+            False: full forwards.
     """
 
     def __init__(
@@ -56,11 +67,15 @@ class TargetMetricCallback(MeasuredAtSteps):
         every_n_steps: int | None = None,
         metric_name: str = "target",
         measure_at_start: bool = True,
+        measure_from_layer: bool = True,
     ):
         super().__init__(every_n_steps, measure_at_start)
         self.trainer = trainer
         self.measure = measure
         self.metric_name = metric_name
+        rank = trainer.args.process_index
+        name = PREFIX_DIRECTORY.format(name=metric_name.replace("/", "_"), rank=f".rank{rank}" if rank else "")
+        self.prefix = MeasuredFromLayer(measure_from_layer, Path(trainer.args.output_dir) / name)
 
     def score(self) -> float:
         """The target score of the model now (eval mode, no gradients, RNG states and train mode restored)."""
@@ -68,8 +83,10 @@ class TargetMetricCallback(MeasuredAtSteps):
         tokenizer = self.trainer.processing_class
         was_training = model.training
         model.eval()
+        batches = getattr(self.measure, "batches", None)
+        from_layer = contextlib.nullcontext() if batches is None else self.prefix.active(model, batches)
         try:
-            with preserved_rng(), torch.no_grad():
+            with preserved_rng(), torch.no_grad(), from_layer:
                 return float(self.measure(model, getattr(tokenizer, "tokenizer", tokenizer)))
         finally:
             model.train(was_training)
@@ -85,23 +102,36 @@ class TargetMetricCallback(MeasuredAtSteps):
             row = {"step": state.global_step, "epoch": state.epoch, self.metric_name: value}
             append_row(args.output_dir, {**row, f"{self.metric_name}_seconds": seconds})
 
+    def on_train_end(self, args, state, control, **kwargs):
+        super().on_train_end(args, state, control, **kwargs)
+        self.prefix.close()  # a later `score()` keeps them again
+
+
+@dataclass(frozen=True, eq=False)
+class ValidationNLL:
+    """Minus the mean NLL per trained token over fixed batches (`batches`: what a prefix cache keys on)."""
+
+    batches: list[dict[str, torch.Tensor]]
+
+    def __call__(self, model: torch.nn.Module, _tokenizer=None) -> float:
+        head = OutputHead.of(model)
+        total = tokens = 0.0
+        with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+            for batch in self.batches:
+                batch = {name: tensor.to(head.weight.device) for name, tensor in batch.items()}
+                # the head on the scored positions only (a completion is often a small part of a row)
+                scored = batch["labels"][:, 1:] != IGNORE_INDEX
+                hidden = last_hidden_states(model, batch["input_ids"], batch["attention_mask"])
+                hidden = scored_positions(hidden, scored.to(hidden.device)).to(head.weight.device)
+                labels = batch["labels"][:, 1:][scored]
+                total += float(label_log_probs_from_hidden(hidden, labels, head).sum())
+                tokens += float(scored.sum())
+        return total / max(tokens, 1.0)
+
 
 def validation_nll(rows, tokenizer, sft_args=None, max_length: int | None = 1024, batch_size: int = 8) -> Measure:
     """Minus the mean NLL per trained token of `rows` (SFT rows, tokenised as the trainer with `sft_args` would)."""
-    batches = retained_batches(rows, tokenizer, "response", max_length, batch_size, sft_args, "validation")
-
-    def measure(model: torch.nn.Module, _tokenizer) -> float:
-        device = OutputHead.of(model).weight.device
-        total = tokens = 0.0
-        with torch.no_grad():
-            for batch in batches:
-                batch = {name: tensor.to(device) for name, tensor in batch.items()}
-                log_probs, mask = label_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
-                total += float(log_probs.double().sum())
-                tokens += float(mask.sum())
-        return total / max(tokens, 1.0)
-
-    return measure
+    return ValidationNLL(retained_batches(rows, tokenizer, "response", max_length, batch_size, sft_args, "validation"))
 
 
 def load_metric_function(spec: str) -> Callable:

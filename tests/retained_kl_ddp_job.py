@@ -2,8 +2,9 @@
 
 `python -m accelerate.commands.launch --multi_gpu --num_processes 2 retained_kl_ddp_job.py RUN_DIR CACHE [CACHE ...]`
 measures at the start and after each step with each given cache in turn (one launch for all: a launch costs two
-interpreters with the whole stack), and saves each final adapter to RUN_DIR/CACHE/adapter (and the process count to
-RUN_DIR/CACHE/num_processes), so the test can recompute the last logged KL in one process from the saved weights.
+interpreters with the whole stack; `CACHE@N` adapts layer N only, so each process measures its shard from layer N),
+and saves each final adapter to RUN_DIR/CACHE/adapter (and the process count to RUN_DIR/CACHE/num_processes), so the
+test can recompute the last logged KL in one process from the saved weights.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def retained_data():
     return prompt_completion_dataset(RETAINED_ROWS, seed=7)
 
 
-def train(cache: str, run_dir: str) -> SFTTrainer:
+def train(spec: str, run_dir: str) -> SFTTrainer:
+    cache, _, layer = spec.partition("@")
     tokenizer = build_tokenizer()
-    model = get_peft_model(build_model("llama", tokenizer=tokenizer), LORA)
+    lora = LoraConfig(r=4, target_modules=LORA.target_modules, layers_to_transform=[int(layer)]) if layer else LORA
+    model = get_peft_model(build_model("llama", tokenizer=tokenizer), lora)
     args = SFTConfig(
         output_dir=run_dir,
         max_steps=2,

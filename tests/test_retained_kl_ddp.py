@@ -15,7 +15,7 @@ from kinfolk.tokens import sft_tokenize
 DDP_JOB = Path(__file__).with_name("retained_kl_ddp_job.py")
 
 
-CACHES = ["auto", "hidden"]
+CACHES = ["auto", "hidden", "auto@1"]  # auto@1: LoRA on layer 1 only, measured from it
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]  # one 2-process job at a time
 
 
@@ -48,3 +48,4 @@ def test_two_processes_log_the_kl_of_the_whole_retained_set(run_dirs, tiny_token
     labels = sft_tokenize(retained, tiny_tokenizer)["labels"]
     assert rows[2]["retained_kl_tokens"] == sum(sum(label != -100 for label in row[1:]) for row in labels)
     assert rows[2]["retained_kl_contexts"] == len(labels)
+    assert rows[2]["from_layer"] == (1 if cache == "auto@1" else None)

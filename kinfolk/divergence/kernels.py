@@ -73,12 +73,28 @@ class OutputHead:
             z = torch.mm(hidden.to(weight.dtype), weight.t(), out_dtype=torch.float32)
         else:
             z = hidden.float() @ weight.float().t()
-        if self.bias is not None:
-            z = z + self.bias[vocab].float()
-        z = z * self.scale
+        return self._transformed(z, None if self.bias is None else self.bias[vocab], temperature)
+
+    def label_logits(self, hidden: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """(N,) fp32 logits of one vocabulary entry per token (`labels` (N,)), transformed as `logits` does.
+
+        >>> head = OutputHead(torch.randn(10, 4), torch.randn(10), scale=0.5, softcap=3.0)
+        >>> hidden, labels = torch.randn(3, 4), torch.tensor([1, 7, 7])
+        >>> bool(torch.allclose(head.label_logits(hidden, labels), head.logits(hidden)[torch.arange(3), labels]))
+        True
+        """
+        z = (hidden.float() * self.weight[labels].float()).sum(-1)
+        return self._transformed(z, None if self.bias is None else self.bias[labels], temperature)
+
+    def _transformed(self, z: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+        # bias, scale, soft-cap, temperature; the multiplications by one are skipped (full passes over the tile)
+        if bias is not None:
+            z = z + bias.float()
+        if self.scale != 1.0:
+            z = z * self.scale
         if self.softcap is not None:
             z = self.softcap * torch.tanh(z / self.softcap)
-        return z / temperature
+        return z / temperature if temperature != 1.0 else z
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -151,6 +167,19 @@ def log_normaliser(hidden: torch.Tensor, head: OutputHead, temperature: float = 
         for start in range(0, hidden.shape[0], DEFAULT_TOKEN_CHUNK)
     ]
     return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float64)
+
+
+def label_log_probs_from_hidden(hidden: torch.Tensor, labels: torch.Tensor, head: OutputHead) -> torch.Tensor:
+    """(N,) float64 log-probs of `labels` (N,) under the head, from (N, H) hidden states of the scored positions
+    only: the label's logit minus the float64 `log_normaliser`, never a (tokens × vocab) matrix at once.
+
+    >>> head = OutputHead(torch.randn(50000, 64), None)
+    >>> hidden, labels = torch.randn(3, 64), torch.tensor([0, 49999, 7])
+    >>> exact = torch.log_softmax(hidden.double() @ head.weight.double().t(), -1)[torch.arange(3), labels]
+    >>> bool((label_log_probs_from_hidden(hidden, labels, head) - exact).abs().max() < 1e-5)
+    True
+    """
+    return head.label_logits(hidden, labels).double() - log_normaliser(hidden, head)
 
 
 def last_hidden_states(
