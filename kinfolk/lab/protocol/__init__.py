@@ -4,7 +4,8 @@
 versioned per-run records), `experiment` (the `Experiment` contract: settings, endpoints, selection and analysis
 stages, and how its runs are made), `analysis` (intervals, tests and Holm over units), `runner` (the stages over
 units and runs, resumable, refusing runs of another plan), `family_runs` (experiments whose runs are kept as
-per-family records), `reanalysis` (experiments over an earlier version's committed records), `claims` (processes
+per-family records), `reanalysis` (experiments over an earlier version's committed records), `sentences` (what each
+primary's claim lets the results say, from its plan or an addendum written after the results), `claims` (processes
 started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME plan|run|analyse` does).
 `EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
