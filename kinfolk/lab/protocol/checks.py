@@ -18,7 +18,7 @@ Two kinds of results file are told apart by their keys:
 and the per-unit records in subfolders.
 
 >>> sorted(RULES)[:4]
-['absolute', 'exploratory', 'favours', 'floor']
+['absolute', 'claims', 'exploratory', 'favours']
 >>> Finding("docs/results/atlas.json", "gain", "interval", "ci95 is [0.1, 0.3]").line()
 "docs/results/atlas.json: endpoint 'gain' breaks interval: ci95 is [0.1, 0.3]"
 """
