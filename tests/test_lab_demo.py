@@ -213,3 +213,12 @@ def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
     revised = headline_table(demo_results(), tmp_path)
     assert "atlas-next v4" in revised and evidence.superseded_quotes(revised, tmp_path) == []
     assert "docs/results.md" in headline_table(demo_results(), ROOT / "nowhere")  # no committed results at hand
+
+
+def test_the_results_pages_known_blocks_quote_each_questions_newest_version():
+    text = (ROOT / "docs" / "results.md").read_text()
+    blocks = dict(re.findall(r"<!-- known:([\w-]+) -->\n(.*?)\n<!-- /known:\1 -->", text, flags=re.DOTALL))
+    assert set(blocks) == {"atlantis", "atlas", "adapt", "atlas-real-checkpoint", "adapt-real-checkpoint"}
+    quoted = {re.match(r"From `([\w-]+)` version (\S+) \(", block).groups() for block in blocks.values()}
+    assert quoted == set(NEWEST.items())
+    assert evidence.superseded_quotes(text[: text.index("## Experiments, version by version")], RESULTS) == []

@@ -5,7 +5,9 @@
 kinfolk.lab.demo.results_page`), so the page and the data cannot disagree (a test checks it). So is each experiment's
 figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`), and the README's evidence
 table (`evidence.update_readme`). Each protocol experiment's block opens with its "in brief" lines: per primary, the
-sentence its claim fixes for the outcome (`kinfolk.lab.protocol.sentences`) and the numbers behind it.
+sentence its claim fixes for the outcome (`kinfolk.lab.protocol.sentences`) and the numbers behind it. The page's
+"what is known now" blocks (`<!-- known:<question> -->`, the question's slug) hold the same lines and primaries table
+for each question's newest version only.
 `stale_generated` names a checkout's generated files that its committed results no longer give (`kinfolk lab
 check` fails on them).
 
@@ -28,7 +30,15 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file
-from kinfolk.lab.demo.evidence import README, RESULTS_DIR, readme_with_evidence, update_readme
+from kinfolk.lab.demo.evidence import (
+    PLURALS,
+    QUESTIONS,
+    README,
+    RESULTS_DIR,
+    newest_experiments,
+    readme_with_evidence,
+    update_readme,
+)
 from kinfolk.lab.demo.plots import save_figure
 from kinfolk.lab.protocol.sentences import fixed_claims, results_paths
 
@@ -206,15 +216,37 @@ def _margins_line(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def question_slug(question: str) -> str:
+    """A question's name in a page marker: "ADAPT, real checkpoint" is `adapt-real-checkpoint`."""
+    return re.sub(r"[^a-z0-9]+", "-", question.lower()).strip("-")
+
+
+def known_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> str:
+    """What a question's newest version says: where it comes from, its "in brief" lines and its primaries."""
+    units = f"{len(results['units'])} {PLURALS.get(results['unit_kind'], results['unit_kind'])}"
+    source = f"From `{results['experiment']}` version {results['version']} ({units}), this question's newest version."
+    return "\n".join([source, "", *in_brief(results, results_dir), "", protocol_table(results, primary=True)])
+
+
 def page_with_results(text: str, results_dir: Path = RESULTS_DIR) -> str:
-    """`text` with every generated block rewritten from `results_dir/<name>.json`."""
+    """`text` with every generated block rewritten from `results_dir/<name>.json` (a `known:` block from its
+    question's newest version)."""
 
     def generated(match: re.Match) -> str:
         name = match.group(1)
         results = json.loads((results_dir / f"{name}.json").read_text())
         return f"<!-- results:{name} -->\n{results_markdown(results, results_dir)}\n<!-- /results:{name} -->"
 
-    return re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", generated, text, flags=re.DOTALL)
+    newest = {question_slug(q): r for q, r in newest_experiments(results_dir, QUESTIONS).items()}
+
+    def known(match: re.Match) -> str:
+        slug = match.group(1)
+        if slug not in newest:
+            raise KeyError(f"<!-- known:{slug} -->: no question with results is called that ({', '.join(newest)})")
+        return f"<!-- known:{slug} -->\n{known_markdown(newest[slug], results_dir)}\n<!-- /known:{slug} -->"
+
+    text = re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", generated, text, flags=re.DOTALL)
+    return re.sub(r"<!-- known:([\w-]+) -->.*?<!-- /known:\1 -->", known, text, flags=re.DOTALL)
 
 
 def stale_generated(root: Path) -> list[str]:
