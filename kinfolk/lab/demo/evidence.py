@@ -44,6 +44,7 @@ QUESTIONS: dict[str, str] = {
     "adapt": "ADAPT",
     "adapt-controls": "ADAPT",
     "adapt-frontier": "ADAPT",
+    "adapt-compute": "ADAPT",
     "real-atlas": "ATLAS, real checkpoint",
     "real-boomerang": "ADAPT, real checkpoint",
     "real-boomerang-controls": "ADAPT, real checkpoint",

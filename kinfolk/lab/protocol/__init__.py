@@ -10,7 +10,7 @@ started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME pla
 `EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
-['adapt', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
+['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
  'real-boomerang-controls']
 >>> get_experiment("atlas").name
 'atlas'
@@ -36,6 +36,7 @@ EXPERIMENTS: dict[str, str] = {
     "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",
     "adapt-controls": "kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls",
     "adapt-frontier": "kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier",
+    "adapt-compute": "kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute",
 }
 
 
