@@ -216,7 +216,9 @@ class AdaptCompute(FamilyRunsExperiment):
                 "same seeds, so its 12-layer family builds are reused from the lab's cache).",
                 f"Arms per variant (student, budget): {arms}. Every cross-entropy student is `kinfolk distil`'s "
                 "recipe with kl_weight 0 and cosine_weight 0, every other field of its config the distilled "
-                "student's except max_steps (and the warm-up, min(50, steps // 10), that follows it).",
+                "student's except max_steps (and the warm-up, min(50, steps // 10), that follows it). A longer budget "
+                "reads more rows (batch x steps, one pass, from the same pre-training and post-training streams), "
+                "as a user given that compute would.",
                 "Equal training FLOPs: per token a training step costs about 2N for the forward and 4N for the "
                 "backward of the N parameters that multiply (attention and MLP weights, the output head); a "
                 "cross-entropy step costs 6 N_student, a distillation step 6 N_student + 2 N_teacher (the teacher's "
