@@ -347,3 +347,15 @@ def test_the_lab_help_lists_check_and_check_has_its_own_help(capsys):
         main(["lab", "check", "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: kinfolk lab check [-h] [--results_dir RESULTS_DIR] [FILE ...]")
+
+
+def test_the_pages_keep_every_concordance_interval_in_its_range():
+    """A concordance lies in [0, 1]: on the results page and in README no interval of one leaves it (protocol
+    version 3), whether its results clipped it or its claims addendum states the range after the fact."""
+    import re
+
+    for name in ("docs/results.md", "README.md"):
+        for line in (ROOT / name).read_text().splitlines():
+            if "concordance" in line:
+                ends = [float(v) for pair in re.findall(r"\[([-+]?[\d.]+), ([-+]?[\d.]+)\]", line) for v in pair]
+                assert all(0.0 <= end <= 1.0 for end in ends), (name, line[:100])

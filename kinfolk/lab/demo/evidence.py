@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import atomic_file
-from kinfolk.lab.protocol.sentences import ADDENDUM_SUFFIX, fixed_claims, results_paths
+from kinfolk.lab.protocol.sentences import ADDENDUM_SUFFIX, fixed_claims, results_paths, with_stated_ranges
 
 RESULTS_DIR = Path("docs/results")
 README = Path("README.md")
@@ -126,6 +126,7 @@ class EvidenceRow:
 def _rows_of(results: dict[str, Any], question: str, results_dir: Path) -> list[EvidenceRow]:
     rows = []
     claims = fixed_claims(results, results_dir)
+    results = with_stated_ranges(results, results_dir)
     for name, entry in results["endpoints"].items():
         if not entry["primary"]:
             continue

@@ -40,7 +40,7 @@ from kinfolk.lab.demo.evidence import (
     update_readme,
 )
 from kinfolk.lab.demo.plots import save_figure
-from kinfolk.lab.protocol.sentences import fixed_claims, results_paths
+from kinfolk.lab.protocol.sentences import fixed_claims, results_paths, with_stated_ranges
 
 RESULTS_PAGE = Path("docs/results.md")
 
@@ -170,7 +170,7 @@ def results_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -
     """The experiment's summary: families, threshold pass rate, primary and exploratory endpoints (a protocol-2
     result, one with a plan, gets `protocol_markdown`)."""
     if results.get("plan_sha256"):
-        return protocol_markdown(results, results_dir)
+        return protocol_markdown(with_stated_ranges(results, results_dir), results_dir)
     families = results["families"]
     lines = []
     if results.get("families_below_threshold"):
@@ -225,6 +225,7 @@ def known_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> 
     """What a question's newest version says: where it comes from, its "in brief" lines and its primaries."""
     units = f"{len(results['units'])} {PLURALS.get(results['unit_kind'], results['unit_kind'])}"
     source = f"From `{results['experiment']}` version {results['version']} ({units}), this question's newest version."
+    results = with_stated_ranges(results, results_dir)
     return "\n".join([source, "", *in_brief(results, results_dir), "", protocol_table(results, primary=True)])
 
 

@@ -5,7 +5,9 @@ A plan of schema 2 fixes each primary's sentences before any run (`plan.Claim`).
 and stay as they are; their sentences live beside them in `<experiment>.claims-addendum.json`, which names the
 plan's SHA-256 and is marked `"written": "after the results"`, so nobody mistakes it for pre-registration.
 `fixed_claims` finds each primary's claim (from the plan, else the addendum) and `claim_problems` says what is
-missing, which `kinfolk lab check` reports. `results_paths` lists a folder's results files, leaving out the plans
+missing, which `kinfolk lab check` reports. An addendum may also state the range of a bounded statistic whose
+results kept none (`"ranges"`: a concordance lies in [0, 1]); `with_stated_ranges` gives the results as the pages show
+them, each such interval clipped to its range and flagged, the committed file unchanged. `results_paths` lists a folder's results files, leaving out the plans
 and addenda that lie beside them.
 
 >>> import json, tempfile
@@ -104,6 +106,35 @@ def fixed_claims(results: dict[str, Any], results_dir: str | Path) -> dict[str, 
     added, _ = load_addendum(results, results_dir)
     found = {name: FixedClaim(claim, before_results=False) for name, claim in added.items()}
     return found | {name: FixedClaim(claim, before_results=True) for name, claim in planned.items()}
+
+
+def with_stated_ranges(results: dict[str, Any], results_dir: str | Path) -> dict[str, Any]:
+    """`results` with each endpoint whose addendum states a range (and whose results state none) bounded to it as
+    `analysis.summarise` bounds one: `range`, `ci95_unclipped`, `ci95_clipped` and the clipped `ci95` (a copy).
+
+    >>> import json, tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "c.claims-addendum.json").write_text(json.dumps({"experiment": "c", "version": "1",
+    ...     "plan_sha256": "ab", "written": AFTER_RESULTS, "claims": {}, "ranges": {"conc": [0.0, 1.0]}}))
+    >>> results = {"experiment": "c", "version": "1", "plan_sha256": "ab", "endpoints": {"conc": {"ci95": [0.8, 1.07]}}}
+    >>> bounded = with_stated_ranges(results, folder)["endpoints"]["conc"]
+    >>> bounded["ci95"], bounded["ci95_clipped"], results["endpoints"]["conc"]["ci95"]
+    ([0.8, 1.0], True, [0.8, 1.07])
+    """
+    path = addendum_path(results_dir, results["experiment"])
+    if not path.is_file() or load_addendum(results, Path(results_dir))[1]:
+        return results
+    ranges = json.loads(path.read_text()).get("ranges", {})
+    endpoints = dict(results["endpoints"])
+    for name, (low, high) in ranges.items():
+        entry = endpoints.get(name)
+        if entry is None or entry.get("range") is not None:
+            continue
+        interval = entry.get("ci95")
+        clipped = None if interval is None else [float(min(max(end, low), high)) for end in interval]
+        endpoints[name] = entry | {"range": [float(low), float(high)], "ci95_unclipped": interval,
+                                   "ci95": clipped, "ci95_clipped": clipped != interval}  # fmt: skip
+    return results | {"endpoints": endpoints}
 
 
 def claim_problems(results: dict[str, Any], results_dir: str | Path) -> list[str]:
