@@ -12,13 +12,9 @@ import torch
 from lab_helpers import MICRO_ADAPT, run_micro
 
 from kinfolk.lab.experiments.adapt_compute.experiment import AdaptCompute
-from kinfolk.lab.experiments.adapt_compute.settings import (
-    ComputeSettings,
-    converged_budget,
-    equal_flops_steps,
-    multiplying_parameters,
-)
+from kinfolk.lab.experiments.adapt_compute.settings import ComputeSettings
 from kinfolk.lab.methods.adapt.settings import ADAPT_LARGE_SHAPE
+from kinfolk.lab.methods.compute import converged_budget, equal_flops_steps, multiplying_parameters
 from kinfolk.lab.protocol.plan import CLAIMS_SCHEMA, load_plan
 from kinfolk.lab.protocol.views import SelectionView
 
@@ -39,7 +35,7 @@ def test_the_equal_flops_budget_comes_from_the_weights_a_lab_model_multiplies():
         model = AutoModelForCausalLM.from_config(model_config(shape, tokenizer))
         # every weight a token's forward multiplies: the linear layers, the output head included
         counted[layers] = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-        assert multiplying_parameters(shape, len(tokenizer)) == counted[layers]
+        assert multiplying_parameters(model.config) == counted[layers]
     student, teacher = counted[4], counted[12]
     # a distillation step: the student's forward and backward (6 N) and the teacher's forward (2 N)
     ratio = (6 * student + 2 * teacher) / (6 * student)

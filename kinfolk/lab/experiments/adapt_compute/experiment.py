@@ -7,7 +7,7 @@ accuracy at 50 steps, 0.873 at 100, against the distilled student's 0.780 at 50)
 `settings`; runs: `runs`) keeps version 4's families, 12-layer teachers, 4-block student and 50-step distillation,
 and trains each variant's student on cross-entropy alone three ways: at 50 steps (version 4's arm, exploratory), at
 the distilled student's training FLOPs (`settings.equal_flops_steps`: 100 steps) and up a budget ladder until its
-validation accuracy stops improving (`settings.converged_budget`). The depth question is not asked: in every size
+validation accuracy stops improving (`kinfolk.lab.methods.compute.converged_budget`). The depth question is not asked: in every size
 depth, the number of teacher blocks and the parameter count rise together, so it is not identifiable here.
 
 Choices, on validation only: each size's patch order (higher validation accuracy; ties back-to-front) and the
@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from kinfolk.lab.experiments.adapt_compute.runs import ARMS, AdaptComputeRuns
-from kinfolk.lab.experiments.adapt_compute.settings import ComputeSettings, converged_budget, step_flops
+from kinfolk.lab.experiments.adapt_compute.settings import ComputeSettings
 from kinfolk.lab.methods.adapt.settings import largest_drop
+from kinfolk.lab.methods.compute import converged_budget, step_flops
 from kinfolk.lab.methods.selection import chosen_orders
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.family_runs import FamilyRunsExperiment

@@ -4,7 +4,7 @@ accuracy stops improving, each patched back to every size and measured.
 
 The ladder is climbed in the run, as early stopping would: each budget trains a cross-entropy student from the init
 (its own schedule), its unpatched student is measured on validation, and the climb stops at the first budget that
-does not improve on the best so far by more than the plan's tolerance (`settings.converged_budget`); the record keeps
+does not improve on the best so far by more than the plan's tolerance (`kinfolk.lab.methods.compute.converged_budget`); the record keeps
 every rung's validation accuracy so the selection stage re-derives the choice. Models are kept under
 `settings.work/<family>/run<r>/` (`kinfolk.lab.methods.adapt.AdaptFamily`, so a budget trained once is reused by
 every arm that needs it); a process claims the whole run while it makes it, and the record goes to
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kinfolk.lab.experiments.adapt_compute.settings import converged_budget, multiplying_parameters
+from kinfolk.lab.methods.compute import converged_budget, multiplying_parameters
 from kinfolk.lab.methods.selection import sizes_with_skills
 from kinfolk.lab.protocol.family_runs import ClaimedFamilyRuns
 
@@ -56,6 +56,8 @@ class AdaptComputeRuns(ClaimedFamilyRuns):
         return climbed
 
     def make(self, seed: int, run: int, where: Path) -> dict[str, Any]:
+        from kinfolk.lab.world.members import model_config
+
         s = self.settings
         family = s.family(seed)
         students = self.students(family, run, where)
@@ -70,18 +72,16 @@ class AdaptComputeRuns(ClaimedFamilyRuns):
                 arm: sizes_with_skills(students.curve(loss, variant, budgets[arm]), s.scored)
                 for arm, (loss, _) in ARMS.items()
             }
-        vocabulary = len(family.tokenizer())
-        teacher = family.config.large_shape
-        student = teacher | {"num_hidden_layers": len(s.blocks())}
+        teacher = model_config(family.config.large_shape, family.tokenizer())
         return {
             "record_version": RECORD_VERSION,
             "family": seed,
             "run": run,
-            "teacher_layers": teacher["num_hidden_layers"],
+            "teacher_layers": teacher.num_hidden_layers,
             "blocks": [list(block) for block in s.blocks()],
-            "parameters": {
-                "student": multiplying_parameters(student, vocabulary),
-                "teacher": multiplying_parameters(teacher, vocabulary),
+            "parameters": {  # the weights each multiplies per token: what a step's FLOPs are counted from
+                "student": multiplying_parameters(teacher, layers=len(s.blocks())),
+                "teacher": multiplying_parameters(teacher),
             },
             "ladder": ladders,
             "curves": curves,

@@ -1,17 +1,10 @@
-"""What the adapt-compute plan fixes before its runs: adapt-frontier's families, student and distillation budget, the
-cross-entropy student's budget at equal training FLOPs, and the budget ladder it climbs until validation stops
-improving.
+"""What the adapt-compute plan fixes before its runs: version 4's families, student and distillation budget, the
+cross-entropy student's budget at equal training FLOPs (`kinfolk.lab.methods.compute`), and the budget ladder it
+climbs until its validation accuracy stops improving.
 
-A training step's FLOPs per token are about 2N for a forward and 4N for a backward of a model of N parameters that
-multiply (every weight matrix, the output head included; the input embedding is a lookup): a cross-entropy step costs
-6·N_student, a distillation step 6·N_student + 2·N_teacher (the teacher's forward gives the KL targets and the block
-cosine's hidden states; nothing flows back through it). The sequence-length terms of attention are left out (rows of
-at most 64 tokens against widths of 128).
-
->>> step_flops(1_000, 3_000, distilled=False), step_flops(1_000, 3_000, distilled=True)
-(6000, 12000)
->>> equal_flops_steps(50, student=1_061_248, teacher=3_158_400)  # the plan's students: 4 of 12 layers
-100
+>>> settings = ComputeSettings()
+>>> settings.steps, settings.equal_flops_steps, settings.ce_budgets[:3]
+(50, 100, [50, 100, 150])
 """
 
 from __future__ import annotations
@@ -20,26 +13,6 @@ from dataclasses import dataclass, field
 
 from kinfolk.lab.methods.adapt.settings import AdaptRunSettings, TeacherDepthSettings
 from kinfolk.lab.protocol.settings import FamilySettings
-
-
-def step_flops(student: int, teacher: int, distilled: bool) -> int:
-    """Training FLOPs per token of one step: the student's forward and backward, plus the teacher's forward when
-    distilling (`student`, `teacher`: their multiplying parameters)."""
-    return 6 * student + (2 * teacher if distilled else 0)
-
-
-def equal_flops_steps(distilled_steps: int, student: int, teacher: int) -> int:
-    """The cross-entropy steps that cost what `distilled_steps` distillation steps cost (nearest whole step)."""
-    ratio = step_flops(student, teacher, True) / step_flops(student, teacher, False)
-    return round(distilled_steps * ratio)
-
-
-def multiplying_parameters(shape: dict, vocabulary: int) -> int:
-    """The parameters a lab model of `shape` multiplies per token: per layer the attention projections (4 d², as many
-    key-value heads as heads) and the gated MLP (3 d i), and the output head (d V); norms and the embedding lookup
-    add no multiply-accumulate worth counting."""
-    d, i = shape["hidden_size"], shape["intermediate_size"]
-    return shape["num_hidden_layers"] * (4 * d * d + 3 * d * i) + d * vocabulary
 
 
 @dataclass(frozen=True)
@@ -87,21 +60,3 @@ class ComputeSettings(TeacherDepthSettings, AdaptRunSettings, FamilySettings):
     family_overrides: dict = field(
         default_factory=dict, metadata={"help": "LabConfig fields over the ADAPT family (the tests' micro family)."}
     )
-
-
-def converged_budget(ladder: list[tuple[int, float]], tolerance: float) -> tuple[int, bool]:
-    """From (budget, validation accuracy) in climbing order, as far as it was climbed: the budget with the best
-    accuracy before the first that failed to improve on it by more than `tolerance`, and whether the ladder ran out
-    first (the choice is then its last budget, on the grid's edge).
-
-    >>> converged_budget([(50, 0.02), (100, 0.87), (150, 0.81)], 0.005)
-    (100, False)
-    >>> converged_budget([(50, 0.02), (100, 0.5)], 0.005)
-    (100, True)
-    """
-    best_steps, best = ladder[0]
-    for steps, accuracy in ladder[1:]:
-        if accuracy <= best + tolerance:
-            return best_steps, False
-        best_steps, best = steps, accuracy
-    return best_steps, True
