@@ -48,6 +48,7 @@ QUESTIONS: dict[str, str] = {
     "real-atlas": "ATLAS, real checkpoint",
     "real-boomerang": "ADAPT, real checkpoint",
     "real-boomerang-controls": "ADAPT, real checkpoint",
+    "real-boomerang-compute": "ADAPT, real checkpoint",
 }
 
 

@@ -11,7 +11,7 @@ started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME pla
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
 ['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
- 'real-boomerang-controls']
+ 'real-boomerang-compute', 'real-boomerang-controls']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "adapt": "kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis",
     "real-boomerang": "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang",
     "real-boomerang-controls": "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls",
+    "real-boomerang-compute": "kinfolk.lab.experiments.real_boomerang_compute.experiment:RealBoomerangCompute",
     "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
     "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
     "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",

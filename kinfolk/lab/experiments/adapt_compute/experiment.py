@@ -74,7 +74,7 @@ class AdaptCompute(FamilyRunsExperiment):
     def claims(self, comparison: str) -> tuple[Claim, Claim]:
         """The middle size's and the largest drop's claims for one comparison, fixed with the plan."""
         scope = self.scopes()[comparison]
-        ce = "cross-entropy alone" if comparison == "equal FLOPs" else "cross-entropy alone until it stopped improving"
+        ce = "cross-entropy alone"  # the scope says at which budget
         middle = Claim(
             scope,
             f"At the middle size the distilled student was more accurate than one trained on {ce}, {scope}.",
