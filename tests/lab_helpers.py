@@ -36,6 +36,27 @@ MICRO = {
 MICRO_ADAPT = MICRO | {"large_shape": {"num_hidden_layers": 4, "hidden_size": 32, "intermediate_size": 64}}
 
 
+def run_recording_trainings(experiment: Experiment, protocol: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(what each `distil_student` call was given, the results) of `experiment` through the protocol's runner under a
+    plan written as `plan` writes it, in the folder `protocol`: per call the student folder's name (`out`), the
+    training arguments (`args`) and the rows (`rows`: pre-training texts, SFT prompts)."""
+    from kinfolk.plugins.adapt import distillation
+
+    calls = []
+    train = distillation.distil_student
+
+    def recording(teacher, out, layers, args, pretraining=None, sft=None):
+        calls.append({"out": Path(out).name, "args": args, "rows": (pretraining["text"], sft["prompt"])})
+        return train(teacher, out, layers, args, pretraining=pretraining, sft=sft)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distillation, "distil_student", recording)
+        plan = protocol / f"{experiment.name}.plan.json"
+        write_plan(experiment.plan(**experiment.plan_fields()), plan)
+        results = run_experiment(experiment, plan, protocol / "work")
+    return calls, results
+
+
 def run_micro(experiment: Experiment, lab_cache: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(unit 0 run 0's kept record, the results) of a family-runs `experiment` through the runner, under a plan
     written as `plan` writes it, its families built (or found) in the session's `lab_cache`; the settings' records

@@ -6,15 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from lab_helpers import no_training
+from lab_helpers import no_training, run_recording_trainings
 
 from kinfolk.lab.experiments.real_boomerang_controls.experiment import RealBoomerangControls
 from kinfolk.lab.experiments.real_boomerang_controls.settings import RealBoomerangControlsSettings
 from kinfolk.lab.methods.adapt.size_curves import ORDERS, size_value
-from kinfolk.lab.protocol.plan import write_plan
-from kinfolk.lab.protocol.runner import run_experiment
 from kinfolk.lab.protocol.views import SelectionView
-from kinfolk.plugins.adapt import distillation
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +27,7 @@ def micro(tiny_kit, tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(micro, tmp_path_factory):
     """Two micro seeds through the protocol's runner, with what each training call was given."""
-    calls = []
-    train = distillation.distil_student
-
-    def recording(teacher, out, layers, args, pretraining=None, sft=None):
-        calls.append({"arm": Path(out).name, "args": args, "rows": (pretraining["text"], sft["prompt"])})
-        return train(teacher, out, layers, args, pretraining=pretraining, sft=sft)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(distillation, "distil_student", recording)
-        experiment = RealBoomerangControls(micro)
-        plan = tmp_path_factory.mktemp("protocol") / "real-boomerang-controls.plan.json"
-        write_plan(experiment.plan(**experiment.plan_fields()), plan)
-        results = run_experiment(experiment, plan, plan.parent / "work")
-    return calls, results
+    return run_recording_trainings(RealBoomerangControls(micro), tmp_path_factory.mktemp("protocol"))
 
 
 def kept(micro, seed: int) -> dict:
@@ -54,7 +38,7 @@ def test_the_two_trained_arms_differ_only_in_the_distillation_terms(trained):
     calls, _ = trained
     for seed in (0, 1):
         distilled, ce_only = (c for c in calls if c["args"].seed == seed)
-        assert (distilled["arm"], ce_only["arm"]) == ("distilled", "ce-only")
+        assert (distilled["out"], ce_only["out"]) == ("distilled", "ce-only")
         assert distilled["rows"] == ce_only["rows"]  # the same rows in the same order
         assert (ce_only["args"].kl_weight, ce_only["args"].cosine_weight) == (0.0, 0.0)
         assert distilled["args"].kl_weight == 0.1 and distilled["args"].cosine_weight is None  # ADAPT's defaults

@@ -63,14 +63,20 @@ def test_intervals_p_values_and_holm_agree_with_scipy_and_a_hand_holm():
 
 
 # ------------------------------------------------------------------------------------------------ doctored copies
-def _doctored(tmp_path: Path, source: str, change: Callable[[dict], None], with_plan: bool = True) -> Path:
-    """A copy of a committed results file (with its committed plan beside it), changed by `change`."""
+def _doctored(
+    tmp_path: Path, source: str, change: Callable[[dict], None], with_plan: bool = True, with_claims: bool = True
+) -> Path:
+    """A copy of a committed results file (with its committed plan and claims addendum beside it), changed by
+    `change`."""
     data = json.loads((RESULTS / source).read_text())
     change(data)
     copy = tmp_path / Path(source).name
     copy.write_text(json.dumps(data, indent=2))
     if with_plan and "plan_sha256" in json.loads((RESULTS / source).read_text()):
         shutil.copyfile(RESULTS / f"{data['experiment']}.plan.json", tmp_path / f"{data['experiment']}.plan.json")
+    addendum = RESULTS / f"{data.get('experiment')}.claims-addendum.json"
+    if with_claims and addendum.is_file():  # the claim sentences written after the results, as committed
+        shutil.copyfile(addendum, tmp_path / addendum.name)
     return copy
 
 
@@ -150,6 +156,10 @@ def _bounded(clipped: bool) -> Callable[[dict], None]:
     return change
 
 
+def _rename_first_primary(data: dict) -> None:  # a primary that no claim names (nor the plan)
+    data["endpoints"] = {("renamed" if e is _first_primary(data) else n): e for n, e in data["endpoints"].items()}
+
+
 def _legacy_interval(data: dict) -> None:
     next(e for e in data["endpoints"].values() if e["ci95"])["ci95"][0] -= 0.001
 
@@ -195,6 +205,7 @@ DOCTORED = [
     ("no absolute values", "atlas.json", _drop("absolute", _first_primary), FIRST_PRIMARY, "absolute"),
     ("a legacy interval moved", "legacy/atlas.json", _legacy_interval, LEGACY_WITH_INTERVAL, "interval"),
     ("a bounded interval not clipped", "adapt-controls.json", _bounded(clipped=False), CONCORDANCE, "interval"),
+    ("a primary no claim names", "atlas.json", _rename_first_primary, None, "claims"),
 ]  # fmt: skip
 
 
@@ -263,6 +274,61 @@ def test_a_plan_or_a_file_that_is_not_json_is_refused(tmp_path, capsys):
     assert error.startswith(f"kinfolk lab: error: {broken}: not JSON") and "\n" not in error
 
 
+def test_primaries_without_claim_sentences_fail_each_by_name(tmp_path):
+    copy = _doctored(tmp_path, "atlas.json", lambda data: None, with_claims=False)
+    primaries = [n for n, e in json.loads(copy.read_text())["endpoints"].items() if e["primary"]]
+    findings = check_results(copy).findings
+    assert {f.rule for f in findings} == {"claims"} and len(findings) == len(primaries) == 6
+    assert all(
+        f"primary endpoint {name!r} has no claim sentences" in f.message for f, name in zip(findings, primaries)
+    )
+    # an addendum that does not say it was written after the results, or names another plan, counts for nothing
+    addendum = json.loads((RESULTS / "atlas.claims-addendum.json").read_text())
+    for key, value in (("written", "before the results"), ("plan_sha256", "0" * 64)):
+        (tmp_path / "atlas.claims-addendum.json").write_text(json.dumps(addendum | {key: value}))
+        messages = [f.message for f in check_results(copy).findings]
+        assert any(m.startswith(f"atlas.claims-addendum.json: {key!r} is ") for m in messages), messages
+        assert sum("has no claim sentences" in m for m in messages) == 6
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A copy of this checkout's results folder (plans and addenda, no per-unit records), README and results page."""
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    for path in RESULTS.glob("*.json"):
+        shutil.copyfile(path, results / path.name)
+    shutil.copytree(RESULTS / "legacy", results / "legacy")
+    for name in ("README.md", "docs/results.md"):
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    return results
+
+
+def test_a_stale_readme_table_or_results_page_fails_the_check(tmp_path, capsys):
+    results = _checkout(tmp_path)
+    assert main(["lab", "check", "--results_dir", str(results)]) == 0
+    capsys.readouterr()
+    readme, page = tmp_path / "README.md", tmp_path / "docs" / "results.md"
+    fresh = readme.read_text()
+    # a hand-edited sentence in the README's generated table
+    readme.write_text(fresh.replace("not significant after Holm's correction", "shown", 1))
+    assert main(["lab", "check", "--results_dir", str(results)]) == 2
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{readme}: its generated part is stale: run python -m kinfolk.lab.demo.results_page (breaks generated)"
+    )
+    readme.write_text(fresh)
+    # a result changed after the page was generated: the page's block no longer matches its JSON
+    data = json.loads((results / "real-atlas.json").read_text())
+    data["notes"] = [*data.get("notes", []), "a note added after the page was generated"]
+    (results / "real-atlas.json").write_text(json.dumps(data))
+    assert main(["lab", "check", "--results_dir", str(results)]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[-1]
+        == f"{page}: its generated part is stale: run python -m kinfolk.lab.demo.results_page (breaks generated)"
+    )
+    assert not any(line.startswith(str(readme)) for line in lines)  # notes are not in the README's table
+
+
 def test_no_results_files_is_bad_input(tmp_path, capsys):
     assert main(["lab", "check", "--results_dir", str(tmp_path)]) == 2
     assert f"{tmp_path}: no results files here" in capsys.readouterr().err
@@ -270,7 +336,7 @@ def test_no_results_files_is_bad_input(tmp_path, capsys):
 
 def test_every_rule_is_stated():
     assert all(statement and not statement.endswith(".") for statement in RULES.values())
-    rules_under_test = {case[4] for case in DOCTORED} | {"legacy", "format"}
+    rules_under_test = {case[4] for case in DOCTORED} | {"legacy", "format", "generated"}
     assert rules_under_test == set(RULES)
 
 
@@ -281,3 +347,15 @@ def test_the_lab_help_lists_check_and_check_has_its_own_help(capsys):
         main(["lab", "check", "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: kinfolk lab check [-h] [--results_dir RESULTS_DIR] [FILE ...]")
+
+
+def test_the_pages_keep_every_concordance_interval_in_its_range():
+    """A concordance lies in [0, 1]: on the results page and in README no interval of one leaves it (protocol
+    version 3), whether its results clipped it or its claims addendum states the range after the fact."""
+    import re
+
+    for name in ("docs/results.md", "README.md"):
+        for line in (ROOT / name).read_text().splitlines():
+            if "concordance" in line:
+                ends = [float(v) for pair in re.findall(r"\[([-+]?[\d.]+), ([-+]?[\d.]+)\]", line) for v in pair]
+                assert all(0.0 <= end <= 1.0 for end in ends), (name, line[:100])

@@ -178,6 +178,14 @@ def test_every_row_recomputes_from_its_results_json():
             running = max(running, min(1.0, (len(ordered) - k) * p))
             shown[name] = running < 0.05
         assert {row.endpoint: row.shown for row in mine} == shown, experiment
+        # the words: the addendum's sentence for the outcome (these plans predate claims), marked as after the results
+        claims = json.loads((RESULTS / f"{experiment}.claims-addendum.json").read_text())["claims"]
+        for row in mine:
+            entry, claim = endpoints[row.endpoint], claims[row.endpoint]
+            on_methods_side = (entry["mean"] > entry["null"]) == (entry["direction"] == "higher")
+            key = ("if_shown" if on_methods_side else "if_reversed") if shown[row.endpoint] else "if_not_shown"
+            assert (row.claim, row.claim_before_results) == (claim[key], False)
+            assert row.sentence == f"{claim[key]} {evidence.AFTER_MARK}" and claim["scope"] in row.claim
 
 
 def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
@@ -205,3 +213,12 @@ def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
     revised = headline_table(demo_results(), tmp_path)
     assert "atlas-next v4" in revised and evidence.superseded_quotes(revised, tmp_path) == []
     assert "docs/results.md" in headline_table(demo_results(), ROOT / "nowhere")  # no committed results at hand
+
+
+def test_the_results_pages_known_blocks_quote_each_questions_newest_version():
+    text = (ROOT / "docs" / "results.md").read_text()
+    blocks = dict(re.findall(r"<!-- known:([\w-]+) -->\n(.*?)\n<!-- /known:\1 -->", text, flags=re.DOTALL))
+    assert set(blocks) == {"atlantis", "atlas", "adapt", "atlas-real-checkpoint", "adapt-real-checkpoint"}
+    quoted = {re.match(r"From `([\w-]+)` version (\S+) \(", block).groups() for block in blocks.values()}
+    assert quoted == set(NEWEST.items())
+    assert evidence.superseded_quotes(text[: text.index("## Experiments, version by version")], RESULTS) == []

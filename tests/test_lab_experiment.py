@@ -87,7 +87,7 @@ def test_one_micro_family_runs_every_cell_and_control(micro_family, tmp_path):
     [
         (
             ["lab", "experiment", "sideways"],
-            "unknown experiment 'sideways'; choose an experiment: adapt, adapt-controls",
+            "unknown experiment 'sideways'; choose an experiment: adapt, adapt-compute, adapt-controls",
         ),
         (["lab", "experiment"], "unknown experiment '(none)'"),
         (

@@ -20,8 +20,9 @@ from kinfolk.lab.protocol import (
     get_experiment,
 )
 from kinfolk.lab.protocol.analysis import correct, summarise
-from kinfolk.lab.protocol.plan import load_plan, sha256_of, write_plan
+from kinfolk.lab.protocol.plan import CLAIMS_SCHEMA, Claim, load_plan, sha256_of, write_plan
 from kinfolk.lab.protocol.runner import run_experiment
+from kinfolk.lab.protocol.sentences import FixedClaim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,6 +166,42 @@ def test_a_plan_holds_at_most_six_primaries_and_hashes_its_bytes(tmp_path):
 
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert load_plan(path) == (plan, digest)
+
+
+SCOPE = "in 5 families at 50 equal steps"
+CLAIM = Claim(SCOPE, f"Weighting helped {SCOPE}.", f"Weighting against uniform: not significant {SCOPE}.",
+              f"Uniform did better {SCOPE}.")  # fmt: skip
+
+
+def test_a_plan_carries_each_primarys_claim_and_an_old_plan_keeps_its_bytes(tmp_path):
+    claimed = Plan("x", "2", "family", [0], 2, [PrimaryEndpoint("e", "d", "b", "higher", claim=CLAIM)], {},
+                   schema=CLAIMS_SCHEMA)  # fmt: skip
+    path = tmp_path / "x.plan.json"
+    write_plan(claimed, path)
+    assert load_plan(path)[0] == claimed  # the claim survives the round trip
+    assert json.loads(path.read_text())["primaries"][0]["claim"]["if_reversed"] == f"Uniform did better {SCOPE}."
+    # a plan of schema 2 fixes every primary's claim; a sentence says its scope word for word
+    with pytest.raises(PlanError, match=r"primaries \['e'\] have no claim sentences"):
+        Plan("x", "2", "family", [0], 2, [PrimaryEndpoint("e", "d", "b", "higher")], {}, schema=CLAIMS_SCHEMA)
+    with pytest.raises(PlanError, match="does not say its scope"):
+        Claim(SCOPE, "Weighting helped.", f"Not significant {SCOPE}.", f"Uniform did better {SCOPE}.")
+    # every committed plan written before claims serialises to its committed bytes (its hash is unchanged)
+    for committed in sorted((ROOT / "docs" / "results").glob("*.plan.json")):
+        plan, digest = load_plan(committed)
+        assert plan.to_json() == committed.read_text() and sha256_of(committed) == digest
+
+
+@pytest.mark.parametrize(
+    ("mean", "survives", "said"),
+    [(0.2, True, f"Weighting helped {SCOPE}."), (-0.2, True, f"Uniform did better {SCOPE}."),
+     (0.2, False, f"Weighting against uniform: not significant {SCOPE}."),
+     (-0.2, False, f"Weighting against uniform: not significant {SCOPE}.")],
+)  # fmt: skip
+def test_the_sentence_follows_holm_and_the_side_of_the_null(mean, survives, said):
+    entry = {"mean": mean, "null": 0.0, "direction": "higher", "survives_holm": survives}
+    assert FixedClaim(CLAIM, before_results=True).said(entry) == said
+    lower = entry | {"mean": -mean, "direction": "lower"}  # a drift ratio: lower favours the method
+    assert FixedClaim(CLAIM, before_results=True).said(lower) == said
 
 
 def test_summary_and_holm_against_hand_computed_values():

@@ -8,7 +8,8 @@ records (`--families`/`--seeds F ...`, `--runs R ...`: some of them; processes s
 the pilot that chose the settings, where there was one), `analyse` writes `docs/results/NAME.json` from the
 committed plan and the kept records (`kinfolk.lab.protocol.actions`).
 `check` checks the named results files, or with none every results file of `--results_dir` (default
-`docs/results` of the checkout it runs in, legacy records included): one line per file that passes, one line per
+`docs/results` of the checkout it runs in, legacy records included) and then whether that checkout's README
+evidence table and docs/results.md are the ones its results generate: one line per file that passes, one line per
 broken rule (file, endpoint, rule) otherwise, and exit 2 when any rule is broken.
 """
 
@@ -190,6 +191,7 @@ class CheckArguments:
 
 
 def check(argv: list[str]) -> int:
+    from kinfolk.lab.demo.results_page import stale_generated
     from kinfolk.lab.protocol.checks import check_results, results_files
 
     parser = VerbParser(
@@ -203,7 +205,12 @@ def check(argv: list[str]) -> int:
     checks = [check_results(f) for f in files]
     for result in checks:
         print("\n".join(result.lines()))
-    return 0 if all(result.passed for result in checks) else 2
+    results_dir = Path(args.results_dir).resolve()
+    checkout = results_dir.parents[1] if results_dir.parent.name == "docs" and not named.files else None
+    stale = stale_generated(checkout) if checkout else []
+    for line in stale:  # README and docs/results.md of the checkout whose docs/results was checked
+        print(f"{line} (breaks generated)")
+    return 0 if all(result.passed for result in checks) and not stale else 2
 
 
 ACTIONS = {"build": build, "experiment": experiment, "check": check}

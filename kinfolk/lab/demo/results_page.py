@@ -4,7 +4,12 @@
 `<!-- /results:<name> -->` and are rewritten from the JSON by `update_results_page` (`python -m
 kinfolk.lab.demo.results_page`), so the page and the data cannot disagree (a test checks it). So is each experiment's
 figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`), and the README's evidence
-table (`evidence.update_readme`).
+table (`evidence.update_readme`). Each protocol experiment's block opens with its "in brief" lines: per primary, the
+sentence its claim fixes for the outcome (`kinfolk.lab.protocol.sentences`) and the numbers behind it. The page's
+"what is known now" blocks (`<!-- known:<question> -->`, the question's slug) hold the same lines and primaries table
+for each question's newest version only.
+`stale_generated` names a checkout's generated files that its committed results no longer give (`kinfolk lab
+check` fails on them).
 
 >>> results = {"experiment": "demo", "families": [0, 1], "endpoints": {"gain": {
 ...     "primary": True, "baseline": "uniform", "per_family": [0.1, 0.3], "mean": 0.2, "ci95": None,
@@ -25,8 +30,17 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file
-from kinfolk.lab.demo.evidence import RESULTS_DIR, update_readme
+from kinfolk.lab.demo.evidence import (
+    PLURALS,
+    QUESTIONS,
+    README,
+    RESULTS_DIR,
+    newest_experiments,
+    readme_with_evidence,
+    update_readme,
+)
 from kinfolk.lab.demo.plots import save_figure
+from kinfolk.lab.protocol.sentences import fixed_claims, results_paths, with_stated_ranges
 from kinfolk.verdict_words import NOT_SHOWN, SHOWN
 
 RESULTS_PAGE = Path("docs/results.md")
@@ -101,8 +115,26 @@ def protocol_table(results: dict[str, Any], primary: bool) -> str:
     return _table([*header, "grid edge", "per unit"], rows)
 
 
-def protocol_markdown(results: dict[str, Any]) -> str:
-    """A protocol-2 experiment's summary: provenance, notes, primaries (with Holm) and the exploratory endpoints."""
+def in_brief(results: dict[str, Any], results_dir: Path) -> list[str]:
+    """Per primary, the sentence its claim fixes for the outcome, then its estimate, interval and Holm p; the lines
+    say whether the sentences were fixed in the plan or written after the results."""
+    claims = fixed_claims(results, results_dir)
+    after = any(not claim.before_results for claim in claims.values())
+    lines = [
+        "In brief (each primary's sentence for its outcome, "
+        + ("written after the results in its claims addendum):" if after else "fixed in the plan before the runs):")
+    ]
+    for name, entry in results["endpoints"].items():
+        if entry["primary"]:
+            said = claims[name].said(entry) if name in claims else "(no claim sentence)"
+            interval = f" [{_signed(entry['ci95'][0])}, {_signed(entry['ci95'][1])}]" if entry["ci95"] else ""
+            lines.append(f"- {said} ({name}: {_signed(entry['mean'])}{interval}, Holm p {_p(entry['p_holm'])})")
+    return lines
+
+
+def protocol_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> str:
+    """A protocol-2 experiment's summary: provenance, in brief, notes, primaries (with Holm) and the exploratory
+    endpoints."""
     units, runs = results["units"], results["runs_per_unit"]
     kind = "re-analysis of the runs committed at " + results["runs_commit"][:10] if results.get("reanalysis") else ""
     primaries = [e for e in results["endpoints"].values() if e["primary"]]
@@ -113,6 +145,8 @@ def protocol_markdown(results: dict[str, Any]) -> str:
         + f": {len(units)} {results['unit_kind']} units (seeds {', '.join(map(str, units))}), {runs} run"
         + ("s" if runs != 1 else "")
         + f" per unit; plan `{results['experiment']}.plan.json` (SHA-256 {results['plan_sha256'][:12]}…).",
+        "",
+        *in_brief(results, results_dir),
         "",
         *[f"- {note}" for note in results.get("notes", [])],
         "",
@@ -133,11 +167,11 @@ def _sections(*titled: str) -> list[str]:
     return [line for part in titled for line in (part, "")][:-1]
 
 
-def results_markdown(results: dict[str, Any]) -> str:
+def results_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> str:
     """The experiment's summary: families, threshold pass rate, primary and exploratory endpoints (a protocol-2
     result, one with a plan, gets `protocol_markdown`)."""
     if results.get("plan_sha256"):
-        return protocol_markdown(results)
+        return protocol_markdown(with_stated_ranges(results, results_dir), results_dir)
     families = results["families"]
     lines = []
     if results.get("families_below_threshold"):
@@ -183,16 +217,58 @@ def _margins_line(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_DIR) -> str:
-    """Rewrite every generated block of `page` from `results_dir/<name>.json`; returns the new text."""
-    text = page.read_text()
+def question_slug(question: str) -> str:
+    """A question's name in a page marker: "ADAPT, real checkpoint" is `adapt-real-checkpoint`."""
+    return re.sub(r"[^a-z0-9]+", "-", question.lower()).strip("-")
+
+
+def known_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> str:
+    """What a question's newest version says: where it comes from, its "in brief" lines and its primaries."""
+    units = f"{len(results['units'])} {PLURALS.get(results['unit_kind'], results['unit_kind'])}"
+    source = f"From `{results['experiment']}` version {results['version']} ({units}), this question's newest version."
+    results = with_stated_ranges(results, results_dir)
+    return "\n".join([source, "", *in_brief(results, results_dir), "", protocol_table(results, primary=True)])
+
+
+def page_with_results(text: str, results_dir: Path = RESULTS_DIR) -> str:
+    """`text` with every generated block rewritten from `results_dir/<name>.json` (a `known:` block from its
+    question's newest version)."""
 
     def generated(match: re.Match) -> str:
         name = match.group(1)
         results = json.loads((results_dir / f"{name}.json").read_text())
-        return f"<!-- results:{name} -->\n{results_markdown(results)}\n<!-- /results:{name} -->"
+        return f"<!-- results:{name} -->\n{results_markdown(results, results_dir)}\n<!-- /results:{name} -->"
 
-    updated = re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", generated, text, flags=re.DOTALL)
+    newest = {question_slug(q): r for q, r in newest_experiments(results_dir, QUESTIONS).items()}
+
+    def known(match: re.Match) -> str:
+        slug = match.group(1)
+        if slug not in newest:
+            raise KeyError(f"<!-- known:{slug} -->: no question with results is called that ({', '.join(newest)})")
+        return f"<!-- known:{slug} -->\n{known_markdown(newest[slug], results_dir)}\n<!-- /known:{slug} -->"
+
+    text = re.sub(r"<!-- results:([\w-]+) -->.*?<!-- /results:\1 -->", generated, text, flags=re.DOTALL)
+    return re.sub(r"<!-- known:([\w-]+) -->.*?<!-- /known:\1 -->", known, text, flags=re.DOTALL)
+
+
+def stale_generated(root: Path) -> list[str]:
+    """The generated files of the checkout at `root` (README's evidence table, docs/results.md's blocks) that differ
+    from what its committed results give; one line each, naming the file and how to regenerate it."""
+    stale = []
+    for path, regenerate in ((README, readme_with_evidence), (RESULTS_PAGE, page_with_results)):
+        if (root / path).is_file():
+            text = (root / path).read_text()
+            if regenerate(text, root / RESULTS_DIR) != text:
+                stale.append(
+                    f"{root / path}: its generated part is stale: run python -m kinfolk.lab.demo.results_page"
+                )
+    return stale
+
+
+def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_DIR) -> str:
+    """Rewrite every generated block of `page` from `results_dir/<name>.json`; returns the new text."""
+    text = page.read_text()
+    updated = page_with_results(text, results_dir)
     if updated != text:
         with atomic_file(page) as handle:
             handle.write(updated)
@@ -226,9 +302,7 @@ def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
 def update_figures(results_dir: Path = RESULTS_DIR) -> list[Path]:
     """Redraw every protocol-2 result's primaries figure from its JSON."""
     written = []
-    for path in sorted(results_dir.glob("*.json")):
-        if path.name.endswith(".plan.json"):
-            continue
+    for path in results_paths(results_dir):
         results = json.loads(path.read_text())
         if results.get("plan_sha256"):
             written.append(plot_primaries(results, results_dir / f"{results['experiment']}-primaries.png"))

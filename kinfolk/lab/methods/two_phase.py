@@ -31,12 +31,18 @@ class TwoPhaseBudget:
     @property
     def pretraining_rows(self) -> int:
         """Rows drawn for the first phase: one pass, no row seen twice."""
-        return self.pretraining_steps * self.batch_size
+        return self.rows_for(self.steps)[0]
 
     @property
     def sft_rows(self) -> int:
         """Rows drawn for the second phase (drawn with replacement where the training prompts are fewer)."""
-        return (self.steps - self.pretraining_steps) * self.batch_size
+        return self.rows_for(self.steps)[1]
+
+    def rows_for(self, steps: int) -> tuple[int, int]:
+        """(pre-training rows, SFT rows) of a two-phase training of `steps` steps (a version may train some arms
+        longer than `steps`)."""
+        pretraining_steps = int(steps * self.pretraining_fraction)
+        return pretraining_steps * self.batch_size, (steps - pretraining_steps) * self.batch_size
 
     def teacher_dir(self) -> Path:
         """The teacher's directory: the settings' model."""

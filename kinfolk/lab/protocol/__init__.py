@@ -4,13 +4,14 @@
 versioned per-run records), `experiment` (the `Experiment` contract: settings, endpoints, selection and analysis
 stages, and how its runs are made), `analysis` (intervals, tests and Holm over units), `runner` (the stages over
 units and runs, resumable, refusing runs of another plan), `family_runs` (experiments whose runs are kept as
-per-family records), `reanalysis` (experiments over an earlier version's committed records), `claims` (processes
+per-family records), `reanalysis` (experiments over an earlier version's committed records), `sentences` (what each
+primary's claim lets the results say, from its plan or an addendum written after the results), `claims` (processes
 started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME plan|run|analyse` does).
 `EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
-['adapt', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
- 'real-boomerang-controls']
+['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
+ 'real-boomerang-compute', 'real-boomerang-controls']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -30,11 +31,13 @@ EXPERIMENTS: dict[str, str] = {
     "adapt": "kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis",
     "real-boomerang": "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang",
     "real-boomerang-controls": "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls",
+    "real-boomerang-compute": "kinfolk.lab.experiments.real_boomerang_compute.experiment:RealBoomerangCompute",
     "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
     "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
     "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",
     "adapt-controls": "kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls",
     "adapt-frontier": "kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier",
+    "adapt-compute": "kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute",
 }
 
 

@@ -14,10 +14,11 @@ Two kinds of results file are told apart by their keys:
   Their primaries were never capped, tested or corrected, and they have no plan.
 
 `results_files(results_dir)` lists the results files of a checkout: `docs/results/*.json` and
-`docs/results/legacy/*.json`, leaving out the plans (`*.plan.json`) and the per-unit records in subfolders.
+`docs/results/legacy/*.json`, leaving out the plans (`*.plan.json`), the claims addenda (`*.claims-addendum.json`)
+and the per-unit records in subfolders.
 
 >>> sorted(RULES)[:4]
-['absolute', 'exploratory', 'favours', 'floor']
+['absolute', 'claims', 'exploratory', 'favours']
 >>> Finding("docs/results/atlas.json", "gain", "interval", "ci95 is [0.1, 0.3]").line()
 "docs/results/atlas.json: endpoint 'gain' breaks interval: ci95 is [0.1, 0.3]"
 """
@@ -34,11 +35,11 @@ from typing import Any, Literal
 from kinfolk.errors import InputError
 from kinfolk.lab.protocol.analysis import DIGITS, HOLM_LEVEL
 from kinfolk.lab.protocol.plan import MAX_PRIMARIES, PlanError, load_plan, plan_path
+from kinfolk.lab.protocol.sentences import SIDE_FILE_SUFFIXES, claim_problems, results_paths
 from kinfolk.stats import MIN_INTERVAL_UNITS, holm, one_sample_t_p, ratio_allowed, t_interval
 
 RELATIVE_TOLERANCE = 1e-9  # a recomputed interval, p-value or Holm p against the file's (same code, same inputs)
 ROUNDING = 10.0**-DIGITS  # the results round every value to DIGITS places: a mean of rounded values may move this much
-PLAN_SUFFIX = ".plan.json"
 LEGACY_FOLDER = "legacy"
 
 RULES: dict[str, str] = {
@@ -60,6 +61,10 @@ RULES: dict[str, str] = {
     "plan-hash": "plan_sha256 is the SHA-256 of the committed <experiment>.plan.json beside the results",
     "plan": "the results' experiment, version, units, runs and primaries are the committed plan's",
     "legacy": "results without a plan (protocol 1) are kept only in docs/results/legacy/",
+    "claims": "every primary has its two claim sentences, in its plan or in an addendum marked as written after "
+    "the results (kinfolk.lab.protocol.sentences)",
+    "generated": "README's evidence table and docs/results.md's generated blocks are the ones the committed results "
+    "give (kinfolk.lab.demo.results_page)",
 }
 
 
@@ -118,9 +123,7 @@ def results_format(data: Any) -> ResultsFormat | None:
 
 def results_files(results_dir: str | Path) -> list[Path]:
     """A checkout's results files: `<results_dir>/*.json` and `<results_dir>/legacy/*.json`, without the plans."""
-    results_dir = Path(results_dir)
-    found = [*results_dir.glob("*.json"), *(results_dir / LEGACY_FOLDER).glob("*.json")]
-    return sorted(p for p in found if not p.name.endswith(PLAN_SUFFIX))
+    return sorted([*results_paths(results_dir), *results_paths(Path(results_dir) / LEGACY_FOLDER)])
 
 
 def _close(a: Any, b: float) -> bool:
@@ -383,7 +386,8 @@ def check_results(path: str | Path) -> ResultsCheck:
         raise InputError(f"{path}: not JSON ({error})") from None
     layout = results_format(data)
     if layout is None:
-        what = "a plan: check the results file beside it" if path.name.endswith(PLAN_SUFFIX) else "not a results file"
+        beside = path.name.endswith(SIDE_FILE_SUFFIXES)
+        what = "a plan or addendum: check the results file beside it" if beside else "not a results file"
         finding = Finding(
             str(path), None, "format", f"{what} (no 'endpoints' with 'units' or, protocol 1, 'families')"
         )
@@ -394,6 +398,9 @@ def check_results(path: str | Path) -> ResultsCheck:
         checker.check_runs_per_unit()
         checker.check_plan()
         checker.check_primaries()
+        if isinstance(data.get("experiment"), str):
+            for problem in claim_problems(data, path.parent):
+                checker.add("claims", problem)
     else:
         checker.check_legacy_location()
     checker.check_endpoints()

@@ -34,9 +34,7 @@ class AdaptFrontierRuns(ClaimedFamilyRuns):
     name = "adapt-frontier"
 
     def family(self, seed: int):
-        from kinfolk.lab.world.family import build_family
-
-        return build_family(self.settings.family_config(seed), progress=False)
+        return self.settings.family(seed)
 
     def arms(self, family, run: int, where: Path) -> dict[str, Any]:
         """One `AdaptFamily` per base SFT format (`BASE_SFT_FORMATS`), each under its own folder of `where`."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kinfolk.lab.methods.adapt.settings import ADAPT_LARGE_SHAPE, AdaptRunSettings, adapt_family_config
+from kinfolk.lab.methods.adapt.settings import AdaptRunSettings, TeacherDepthSettings
 from kinfolk.lab.methods.selection import threshold_grid
 from kinfolk.lab.protocol.settings import FamilySettings
-from kinfolk.lab.world.family import LabConfig
 
 # The answer format the base student's SFT phase is taught in, per arm of the base student: the preferred one (also
 # large_instruct's, versions 1-3) and large_bracket's (the format arm).
@@ -35,7 +34,7 @@ METHODS = {
 
 
 @dataclass(frozen=True)
-class FrontierSettings(AdaptRunSettings, FamilySettings):
+class FrontierSettings(TeacherDepthSettings, AdaptRunSettings, FamilySettings):
     variants: list[str] = field(
         default_factory=lambda: ["large_instruct", "large_bracket"], metadata={"help": "Post-trained variants."}
     )
@@ -85,23 +84,6 @@ class FrontierSettings(AdaptRunSettings, FamilySettings):
     family_overrides: dict = field(
         default_factory=dict, metadata={"help": "LabConfig fields over the ADAPT family (the tests' micro family)."}
     )
-
-    def family_config(self, seed: int) -> LabConfig:
-        """The ADAPT family of `seed` with a `teacher_layers`-layer teacher (`family_overrides` last)."""
-        shape = ADAPT_LARGE_SHAPE | {"num_hidden_layers": self.teacher_layers}
-        return adapt_family_config(seed, **({"large_shape": shape} | self.family_overrides))
-
-    def blocks(self) -> list[tuple[int, int]]:
-        """The teacher blocks each student layer stands for (each a size patches in whole)."""
-        from kinfolk.plugins.adapt.distillation import layer_selection
-
-        teacher = self.family_config(0).large_shape["num_hidden_layers"]
-        return [tuple(block) for block in layer_selection(self.layers).resolve(teacher).blocks]
-
-    def depths(self) -> list[int]:
-        """The depth of size k = 0..M patched front to back (in either order when the blocks are equal, as here)."""
-        blocks = self.blocks()
-        return [len(blocks) + sum(end - start - 1 for start, end in blocks[:k]) for k in range(len(blocks) + 1)]
 
     def thresholds(self) -> list[float]:
         """Every threshold a run routes at: 0 to 1 by `threshold_step`, `threshold_extension` steps beyond."""

@@ -149,11 +149,42 @@ class AdaptRunSettings:
         return 100 * family + run
 
     def adapt_settings(self) -> AdaptSettings:
-        """The `AdaptFamily` settings of every run (one budget: `steps`)."""
+        """The `AdaptFamily` settings of every run (one budget: `steps`; routing's fields where the version routes)."""
+        routing = {
+            name: getattr(self, name) for name in ("routing_problems", "routing_variant") if hasattr(self, name)
+        }
         return AdaptSettings(
             variants=list(self.variants), layers=self.layers, orders=list(ORDERS), budgets=[self.steps],
             steps=self.steps, learning_rate=self.learning_rate, pretraining_fraction=self.pretraining_fraction,
             batch_size=self.batch_size, eval_problems=self.eval_problems,
-            validation_problems=self.validation_problems, kl_examples=self.kl_examples,
-            routing_problems=self.routing_problems, routing_variant=self.routing_variant,
+            validation_problems=self.validation_problems, kl_examples=self.kl_examples, **routing,
         )  # fmt: skip
+
+
+class TeacherDepthSettings:
+    """What a settings dataclass with `teacher_layers`, `layers` and `family_overrides` fields (adapt-frontier,
+    adapt-compute) derives from them: its ADAPT families with a `teacher_layers`-layer teacher, the teacher blocks of
+    its student and each size's depth. Field-less, like `AdaptRunSettings`, so each plan keeps its own fields."""
+
+    def family_config(self, seed: int) -> LabConfig:
+        """The ADAPT family of `seed` with a `teacher_layers`-layer teacher (`family_overrides` last)."""
+        shape = ADAPT_LARGE_SHAPE | {"num_hidden_layers": self.teacher_layers}
+        return adapt_family_config(seed, **({"large_shape": shape} | self.family_overrides))
+
+    def family(self, seed: int):
+        """That family, built (or found in the lab's cache)."""
+        from kinfolk.lab.world.family import build_family
+
+        return build_family(self.family_config(seed), progress=False)
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """The teacher blocks each student layer stands for (each a size patches in whole)."""
+        from kinfolk.plugins.adapt.distillation import layer_selection
+
+        teacher = self.family_config(0).large_shape["num_hidden_layers"]
+        return [tuple(block) for block in layer_selection(self.layers).resolve(teacher).blocks]
+
+    def depths(self) -> list[int]:
+        """The depth of size k = 0..M patched front to back (in either order when the blocks are equal)."""
+        blocks = self.blocks()
+        return [len(blocks) + sum(end - start - 1 for start, end in blocks[:k]) for k in range(len(blocks) + 1)]

@@ -75,16 +75,18 @@ class SizeCurveRuns:
             rows.append(rows_from(source, self.tokenizer, texts, prefixes, max_length))
         return rows
 
-    def training_data(self, seed: int):
-        """The seed's two phases: pre-training text (docs and code items) and chat SFT rows, drawn by the seed."""
+    def training_data(self, seed: int, steps: int | None = None):
+        """The seed's two phases for `steps` steps (default: the settings'): pre-training text (docs and code items)
+        and chat SFT rows, drawn by the seed."""
         from datasets import Dataset
 
         sources = self.sources
+        pretraining_rows, sft_rows = self.settings.rows_for(steps or self.settings.steps)
         text = {**corpus.split(sources["docs"])[0], **corpus.split(sources["code"])[0]}
-        drawn = corpus.training_draw(list(text), self.settings.pretraining_rows, seed)
+        drawn = corpus.training_draw(list(text), pretraining_rows, seed)
         pretraining = Dataset.from_dict({"text": [text[name] for name in drawn]})
         instructions = [n.removeprefix("chat:") for n in corpus.split(sources["chat"])[0]]
-        chosen = corpus.training_draw(instructions, self.settings.sft_rows, seed)
+        chosen = corpus.training_draw(instructions, sft_rows, seed)
         sft = Dataset.from_dict({
             "prompt": [[{"role": "user", "content": i}] for i in chosen],
             "completion": [[{"role": "assistant", "content": self.answers[i]}] for i in chosen],
@@ -121,21 +123,23 @@ class SizeCurveRuns:
                   path, overwrite=True, progress=False)  # fmt: skip
         return path
 
-    def train_student(self, seed: int, out: Path, **loss_weights: float) -> Path:
-        """The student trained by `kinfolk distil`'s two-phase recipe under `out` (its `distilled` folder), with
-        the distillation terms' weights `loss_weights` (`kl_weight`, `cosine_weight`) where given."""
+    def train_student(self, seed: int, out: Path, steps: int | None = None, **loss_weights: float) -> Path:
+        """The student trained by `kinfolk distil`'s two-phase recipe for `steps` steps (default: the settings')
+        under `out` (its `distilled` folder), with the distillation terms' weights `loss_weights` (`kl_weight`,
+        `cosine_weight`) where given."""
         from kinfolk.plugins.adapt.distillation import DISTILLED, distil_student
         from kinfolk.trainers import LayerDistillationConfig
 
         if (out / DISTILLED / "config.json").exists():
             return out / DISTILLED
         s = self.settings
+        steps = steps or s.steps
         args = LayerDistillationConfig(
-            output_dir=str(out / "training"), max_steps=s.steps, per_device_train_batch_size=s.batch_size,
+            output_dir=str(out / "training"), max_steps=steps, per_device_train_batch_size=s.batch_size,
             learning_rate=s.learning_rate, pretraining_fraction=s.pretraining_fraction, max_length=s.max_length,
             seed=seed, data_seed=seed, save_strategy="no", logging_steps=10, report_to=[], use_cpu=True,
             bf16=False, dataloader_num_workers=0, disable_tqdm=True, **loss_weights,
         )  # fmt: skip
-        pretraining, sft = self.training_data(seed)
-        console.stage(f"seed {seed}: training {out.name} for {s.steps} steps")
+        pretraining, sft = self.training_data(seed, steps)
+        console.stage(f"seed {seed}: training {out.name} for {steps} steps")
         return distil_student(self.teacher_dir, out, s.layers, args, pretraining=pretraining, sft=sft)
