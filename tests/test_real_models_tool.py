@@ -181,11 +181,14 @@ def test_the_command_reports_failures_and_exits_nonzero(tmp_path, links, monkeyp
 
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    """The tool writes where the lab looks, under either variable (the lab once ignored XDG_CACHE_HOME)."""
+    from kinfolk.lab.protocol.settings import real_models_root
+
     monkeypatch.setenv("KINFOLK_REAL_MODELS", str(tmp_path / "mine"))
-    assert default_cache_dir() == tmp_path / "mine"
+    assert default_cache_dir() == real_models_root() == tmp_path / "mine"
     monkeypatch.delenv("KINFOLK_REAL_MODELS")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_dir() == tmp_path / "xdg" / "kinfolk" / "real-models"
+    assert default_cache_dir() == real_models_root() == tmp_path / "xdg" / "kinfolk" / "real-models"
     with pytest.raises(KeyError, match="smollm2-135m-instruct"):
         find_real_model("smollm2")
 

@@ -25,8 +25,13 @@ REAL_MODELS_ENV = "KINFOLK_REAL_MODELS"  # where `make real-models` puts the con
 
 
 def real_models_root() -> Path:
-    """Where `make real-models` puts the converted checkpoints and retained texts."""
-    return Path(os.environ.get(REAL_MODELS_ENV, Path.home() / ".cache" / "kinfolk" / "real-models"))
+    """Where `make real-models` puts the converted checkpoints and retained texts: `$KINFOLK_REAL_MODELS`, else
+    `$XDG_CACHE_HOME/kinfolk/real-models` (XDG's default `~/.cache`), the rule `tools/real_models.py` writes by, so
+    the lab looks where the tool wrote whatever the user's cache home is."""
+    if os.environ.get(REAL_MODELS_ENV):
+        return Path(os.environ[REAL_MODELS_ENV]).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache_home).expanduser() / "kinfolk" / "real-models"
 
 
 @dataclass(frozen=True)
