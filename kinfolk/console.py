@@ -112,7 +112,7 @@ class Console:
         from tqdm.auto import tqdm
 
         kwargs.setdefault("leave", False)
-        return tqdm(file=self.err, ncols=WIDTH, mininterval=0.5, **kwargs)
+        return tqdm(file=self.err, ncols=WIDTH, mininterval=0.5, **_on_terminals_only(kwargs))
 
 
 _active: list[Console] = []
@@ -148,8 +148,14 @@ def bar(**kwargs: Any):
     if console is None:
         from tqdm.auto import tqdm
 
-        return tqdm(**kwargs)
+        return tqdm(**_on_terminals_only(kwargs))
     return console.bar(**kwargs)
+
+
+def _on_terminals_only(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A bar the caller did not disable is drawn only where its stream is a terminal (tqdm's `disable=None`):
+    redrawn with `\r` into a file (`make demo > log`) it left lines of thousands of characters."""
+    return {**kwargs, "disable": True if kwargs.get("disable") else None}
 
 
 class _KinfolkWarnings(logging.Handler):

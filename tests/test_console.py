@@ -101,3 +101,19 @@ def test_a_refused_run_leaves_no_log_and_an_earlier_log_is_kept(tmp_path):
             raise InputError("data.jsonl: row 3 has no 'completion'")
     assert not fresh.exists()
     assert earlier.read_text() == "the first run\nloading\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_bar_is_drawn_on_a_terminal_and_not_into_a_file(tmp_path):
+    """`make demo > log` once held lines of thousands of `\\r` redraws: a bar draws only where its stream is a tty."""
+    for stream, drawn in ((io.StringIO(), False), (_Terminal(), True)):
+        with (
+            quiet(tmp_path / "run.log", "kinfolk test", terminal=io.StringIO(), terminal_err=stream),
+            console.bar(total=3, desc="work") as bar,
+        ):
+            bar.update(3)
+        assert ("work" in stream.getvalue()) is drawn
