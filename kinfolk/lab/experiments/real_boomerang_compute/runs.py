@@ -3,7 +3,7 @@ apart), the teacher's reference on each, the distilled student, and cross-entrop
 equal training FLOPs and climbed up the budget ladder until their unpatched student's validation log perplexity
 stops improving; every arm measured at every size in both patch orders on the measured rows.
 
-A process claims the whole seed while it makes it (`kinfolk.lab.protocol.claims`); every trained student and measured
+A process claims the whole seed while it makes it (`kinfolk.claims`); every trained student and measured
 curve is kept under `settings.work` (a budget trained once serves every arm that needs it), with its training's
 seconds beside it, and the seed's record goes to `settings.records/<seed>.json` once whole. The shared pieces are
 `kinfolk.lab.methods.adapt.size_runs`'s.
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import write_json
+from kinfolk.claims import claimed
 from kinfolk.lab.experiments.real_boomerang_compute.settings import ARMS, LOSS_WEIGHTS, RealBoomerangComputeSettings
 from kinfolk.lab.methods import real_corpus as corpus
 from kinfolk.lab.methods.adapt.size_curves import size_value
 from kinfolk.lab.methods.adapt.size_runs import SizeCurveRuns
 from kinfolk.lab.methods.compute import converged_budget, multiplying_parameters
-from kinfolk.lab.protocol.claims import claimed
 from kinfolk.lab.protocol.records import kept_path, kept_record
 from kinfolk.lab.world.heldout import TeacherReference
 
