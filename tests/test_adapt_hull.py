@@ -116,8 +116,9 @@ def test_route_table_is_in_cost_order_with_the_hull_column():
     assert [float(row[0]) for row in rows] == sorted(float(row[0]) for row in rows)
     assert [row[5] for row in rows] == ["0.667", "0.667", "0.767", "0.800", "1.00"]
     assert [row[6] for row in rows] == ["+0", "+0", "-0.1", "+0.2", "+0"]
-    assert "minimum: 1 of 2 routings beat the best random mix of two fixed sizes at equal cost; the best by 0.2 higher accuracy" in (
-        printed
+    assert (
+        "minimum: 1 of 2 routings beat the best random mix of two fixed sizes at equal cost; the best by 0.2 higher accuracy"
+        in (printed)
     )
 
 

@@ -57,7 +57,9 @@ def test_a_config_on_a_cpu_machine_trains_in_fp32_on_the_cpu_and_says_so_once(
     assert (config.use_cpu, config.bf16) == (True, False)
     assert (again.use_cpu, again.bf16) == (True, True)
     said = [record.getMessage() for record in caplog.records]
-    assert len(said) == 1 and "training in fp32 (for CPU bf16 autocast: --bf16 true on kinfolk sft and distil)" in said[0]
+    assert (
+        len(said) == 1 and "training in fp32 (for CPU bf16 autocast: --bf16 true on kinfolk sft and distil)" in said[0]
+    )
 
 
 def test_the_trained_model_in_memory_computes_what_its_saved_adapter_computes(tiny_tokenizer, cpu_only, tmp_path):
