@@ -13,22 +13,16 @@ truncation, packing (each packed example keeps its own weight) and padding-free 
 `packing_strategy="wrapped"` cuts examples without recording where they start: the `sequence` reduction, which
 counts examples, refuses it, and the logged weight statistics treat each wrapped row as one example.
 
-Regularisers against forgetting, on retained data (`retained_dataset=` or `retained_dataset_name`): Replay
-(`replay_ratio`) and Output-KL (`output_kl_coef`); see `kinfolk.trainers.regularisers`.
+Against forgetting, on retained data: Replay (`replay_ratio`), Output-KL (`output_kl_coef`), `regularisers`.
 
-Logged on top of TRL's metrics:
-- `unweighted_loss`: the mean token loss with every example weight 1, Σ M·ℓ / Σ M with M the token loss weight
-  (1 on trained tokens, `prompt_loss_weight` on the others), pooled over each optimiser step's micro-batches and
-  ranks and averaged over the steps since the last log exactly as `loss` is. It does not depend on the weights, so
-  runs with different weightings can be compared on it; with unit weights and `weight_reduction="token"` it equals
-  `loss`. (Evaluation: `eval_unweighted_loss`, the mean over evaluation batches like TRL's other eval metrics.)
-- with a weight column: `weight/mean`, `weight/min`, `weight/max` over the examples seen since the last log and
-  `weight/batch_ess`, the mean over micro-batches (all ranks together) of Kish's ESS = (Σw)²/Σw² (`eval_weight/*`
-  with `weight_eval_loss`);
-- with Output-KL, `output_kl`.
-
-A weight column whose weights are all 0 (after clipping) is refused when the dataset is prepared, before training:
-it would train nothing. A streamed (iterable) dataset cannot be checked in advance.
+Logged on top of TRL's metrics: `unweighted_loss`, the mean token loss with every example weight 1 (Σ M·ℓ / Σ M,
+M the token loss weight), pooled over each optimiser step's micro-batches and ranks and averaged since the last log
+as `loss` is, so runs with different weightings compare on it (with unit weights and the `token` reduction it is
+`loss`; `eval_unweighted_loss` in evaluation); with a weight column `weight/mean`, `weight/min`, `weight/max` over
+the examples seen since the last log and `weight/batch_ess`, the micro-batches' mean Kish ESS (Σw)²/Σw²
+(`eval_weight/*` with `weight_eval_loss`); with Output-KL, `output_kl`. A weight column whose weights are all 0
+(after clipping) is refused when the dataset is prepared: it would train nothing (a streamed dataset cannot be
+checked in advance).
 
 >>> import tempfile
 >>> from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset

@@ -13,7 +13,7 @@ merges of `kinfolk merge` around the `LayerDistillationTrainer` of `kinfolk.trai
 
 Options are `LayerDistillationConfig`'s (every `trl sft` training flag and the loss weights) plus this verb's own,
 from flags or `--config distil.yaml`; unknown flags go to `accelerate launch`, which starts this module on every
-process, as `kinfolk sft` does. Bad input exits 2 with one line before any process starts (`check_inputs`): an
+process, as `kinfolk sft` does. Bad input exits 2 with one line before any process starts (`prepare_out`): an
 existing `--out` without `--overwrite`, a teacher that cannot load, a layer selection it does not fit, missing or
 empty data or data without SFT columns, a `--resume_from_checkpoint` that is not a checkpoint; `--overwrite` clears the old output only after
 those checks. Each part appears whole or not at all (`kinfolk.atomic`). The merges run on the main process only:
@@ -98,32 +98,37 @@ def distil(args: DistilArguments, training_args: LayerDistillationConfig, pretra
     return distil_student(args.teacher, args.out, args.layers, training_args, pretraining, sft)
 
 
-def check_inputs(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
-    """Refuse, before any process starts (and before `--overwrite` clears anything), what would fail later: an
-    existing or unwritable `--out`, a `--resume_from_checkpoint` that is not a checkpoint, a teacher that cannot
-    load, a layer selection that does not fit it, and data that is missing, empty, unreadable or without SFT
-    columns (`check_phases`)."""
-    from kinfolk.inputs import check_model
-
+def check_arguments(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
+    """The checks that read no model and no data (so they run before any log opens, and a refusal reaches the
+    terminal alone): the required options, the layer selection's form, an existing or unwritable `--out` and a
+    `--resume_from_checkpoint` that is not a checkpoint."""
     if not args.teacher or not args.out:  # checked here, after the parse has named any unknown option
         raise InputError("--teacher and --out are required")
     if not (args.pretraining_data or args.sft_data):
         raise InputError("give --sft_data, --pretraining_data or both (the two phases of ADAPT)")
-    selection = layer_selection(args.layers)
+    layer_selection(args.layers)
     out = Path(args.out)
     resume = training_args.resume_from_checkpoint
     if resume is None:
         check_destination(out, args.overwrite)
     elif isinstance(resume, str) and resume.lower() != "true":  # "true": the last checkpoint under --out
         check_resume_checkpoint(resume)
+    return out
+
+
+def check_sources(args: DistilArguments, training_args: LayerDistillationConfig, out: Path) -> None:
+    """The checks that read the teacher and the data (the libraries print as they load them): a teacher that cannot
+    load, a layer selection that does not fit it, data that is missing, empty, unreadable or without SFT columns
+    (`check_phases`), and too little free space under `out`."""
+    from kinfolk.inputs import check_model
+
     teacher = check_model(args.teacher, "the --teacher", tokenizer=True)
     try:
-        selection.resolve(teacher.get_text_config().num_hidden_layers)
+        layer_selection(args.layers).resolve(teacher.get_text_config().num_hidden_layers)
     except LayerMapError as error:
         raise LayerMapError(f"--layers: {error} (teacher {args.teacher})") from None
     check_phases(args, training_args)
     check_free_space(out, distil_bytes(args, training_args), "the student, its checkpoints and its delta")
-    return out
 
 
 def check_phases(args: DistilArguments, training_args: LayerDistillationConfig) -> None:
@@ -158,23 +163,19 @@ def distil_bytes(args: DistilArguments, training_args: LayerDistillationConfig) 
 
 
 def prepare_out(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
-    """`check_inputs`, then clear an existing `--out` when `--overwrite` (not when resuming from it). The run writes
-    into `--out` itself, so that a killed run resumes from its checkpoints; each part appears whole or not at all
-    (the merges' outputs, each `checkpoint-N`, the distilled student), the delta last."""
-    out = check_inputs(args, training_args)
-    if training_args.resume_from_checkpoint is None and out.exists():
-        remove_tree(out)
-    return out
-
-
-def prepare_out_quietly(args: DistilArguments, training_args: LayerDistillationConfig) -> Path:
-    """`prepare_out` with the libraries' output (datasets' "Generating train split" as it reads the data, the
-    teacher's config) kept off the terminal like the run's own: the checks run before `--out` may be cleared, so
-    their log starts aside and joins `OUT/run.log` once `--out` is ready."""
+    """Refuse, before any process starts and before `--overwrite` clears anything, what would fail later
+    (`check_arguments`, then `check_sources` with the libraries' output kept off the terminal), then clear an
+    existing `--out` when `--overwrite` (not when resuming from it). The run writes into `--out` itself, so that a
+    killed run resumes from its checkpoints; each part appears whole or not at all (the merges' outputs, each
+    `checkpoint-N`, the distilled student), the delta last. The source checks run before `--out` may be cleared, so
+    their log (datasets' "Generating train split", the teacher's config) starts aside and joins `OUT/run.log`."""
+    out = check_arguments(args, training_args)
     with tempfile.TemporaryDirectory() as scratch:
         early_log = Path(scratch) / console.LOG_FILE
         with console.quiet(early_log, PROG, verbose=args.verbose):
-            out = prepare_out(args, training_args)
+            check_sources(args, training_args, out)
+        if training_args.resume_from_checkpoint is None and out.exists():
+            remove_tree(out)
         if early_log.exists():
             out.mkdir(parents=True, exist_ok=True)
             with open(out / console.LOG_FILE, "a", encoding="utf-8") as log:
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     (args, training_args), config_remaining, cli_remaining = parser.parse_with_rest(argv)
     check_launch_arguments(PROG, argv, config_remaining, cli_remaining, parser.option_names())
-    prepare_out_quietly(args, training_args)
+    prepare_out(args, training_args)
     keep(
         f"the published checkpoints under {Path(args.out) / TRAINING} and a finished init-student",
         resume_from_last_checkpoint,

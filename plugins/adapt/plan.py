@@ -9,11 +9,10 @@ All ADAPT operations are linear in the weights, so one recipe type covers them:
     patch          out.layers.j.*       = teacher.layers.t.*  for every layer t of a patched block,
                                           student.layers.i.*  for an unpatched student layer i, in order
 
-and patching takes the embeddings from the model that supplies the first layer and the final norm and LM head from
-the one that supplies the last (untying a tied head when those are different models whose tied matrices differ,
-and saying so once; a student that kept the teacher's embeddings stays tied). Building a plan opens the
-inputs' headers only and checks names, shapes, dtypes and layer maps, so a bad config fails before any tensor is
-read; `describe()` prints what would be written (`kinfolk merge ... --dry-run`).
+and patching takes the embeddings from the model supplying the first layer, the final norm and LM head from the one
+supplying the last (untying a tied head, once said, when those models' tied matrices differ). A plan opens the
+inputs' headers only (names, shapes, dtypes, layer maps: a bad config fails before any tensor is read);
+`describe()` prints what would be written (`kinfolk merge ... --dry-run`).
 
 >>> from kinfolk.plugins.adapt.plan import PlannedTensor, Term
 >>> PlannedTensor("lm_head.weight", (Term("init", "lm_head.weight"), Term("delta", "lm_head.weight", 0.5)), (8, 4), "F32")
@@ -25,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import re
 import textwrap
 from collections import Counter
@@ -87,10 +87,7 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * _ITEM_SIZE[self.dtype]
+        return math.prod(self.shape) * _ITEM_SIZE[self.dtype]
 
     def formula(self) -> str:
         return f"{self.name} = " + " + ".join(map(str, self.terms)).replace("+ -", "- ")
