@@ -18,8 +18,8 @@ from datasets import Dataset, DatasetDict
 from refusal_helpers import assert_command_refused
 
 from kinfolk.plugins.adapt import LAYER_MAP_FILE
+from kinfolk.plugins.atlantis import scoring as scoring_module
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import scoring as scoring_module
 
 
 def write_lines(path, lines):

@@ -23,9 +23,7 @@ import numpy as np
 from datasets import Dataset
 
 from kinfolk.atomic import atomic_file, write_json
-from kinfolk.stats import effective_sample_size, quantiles, spearman
-from kinfolk.tokens import DatasetFormatError, response_text
-from kinfolk.trainers.atlantis.config import (
+from kinfolk.plugins.atlantis.config import (
     FORMULAS,
     RESPONSE_BYTES_COLUMN,
     ROLES,
@@ -34,12 +32,14 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.weights import (
+from kinfolk.plugins.atlantis.weights import (
     column_array,
     normalized_log_prob,
     required_columns,
     weights_from_scores,
 )
+from kinfolk.stats import effective_sample_size, quantiles, spearman
+from kinfolk.tokens import DatasetFormatError, response_text
 
 REPORT_NAME = "weights_report.json"
 HISTOGRAM_NAME = "weights_hist.png"
