@@ -125,7 +125,7 @@ def test_the_rule_catches_upward_imports():
     assert not allowed("kinfolk.divergence.caches", "kinfolk.commands")  # foundation -> app
     assert not allowed("kinfolk.trainers.weighted_sft_trainer", "kinfolk.plugins.atlas.config")  # sideways
     assert not allowed("kinfolk.plugins.atlas.config", "kinfolk.commands.sft_atlas_options")  # component -> app
-    assert not allowed("kinfolk.callbacks.churn", "kinfolk.lab.demo.report")  # component -> app
+    assert not allowed("kinfolk.callbacks.evaluation", "kinfolk.lab.demo.report")  # component -> app
     assert allowed("kinfolk.commands.sft_atlas_options", "kinfolk.plugins.atlas.config")  # apps compose components
     assert allowed("kinfolk.plugins.adapt.plan", "kinfolk.plugins.adapt.checkpoint")  # inside one component
     assert allowed("kinfolk.integrations.axolotl.plugin", "kinfolk.commands.sft_atlas_options")  # an app

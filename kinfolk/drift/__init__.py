@@ -3,7 +3,8 @@
 `matching` reads each run's drift at target levels off its own (target, drift) curve, interpolated along the
 running-maximum envelope of the target and never extrapolated, and compares methods over seeds; `render` writes
 the report. `kinfolk drift` (`kinfolk.commands.drift`) reads runs' `drift.jsonl` logs (docs/measurement.md gives
-the row format) and calls these.
+the row format) and calls these. `churn` measures drift in answers rather than probabilities: how many retained
+answers an adapted model changed against the frozen one (`kinfolk churn`, `LmEvalCallback`, `kinfolk compare`).
 
 >>> from kinfolk.drift import Run, target_matched
 >>> runs = [Run("atlas", "1", "a", [(1, 1.0, 0.01), (2, 3.0, 0.04)]),
