@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from kinfolk.atomic import atomic_file
-from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.drift.churn import churn_report, flat_metrics, outcomes, read_samples
+from kinfolk.drift.log import append_row
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
 

@@ -504,7 +504,7 @@ TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
 @pytest.fixture(scope="module")
 def drift_runs(tmp_path_factory):
     """Two methods' runs (drift.jsonl as the callbacks write them) and broken variants."""
-    from kinfolk.callbacks.drift_log import append_row
+    from kinfolk.drift.log import append_row
 
     root = tmp_path_factory.mktemp("drift-cli")
     for method, kls in {"atlas": [0.002, 0.003], "lora": [0.004, 0.006]}.items():
