@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
-from kinfolk.atomic import atomic_file, write_json
+from kinfolk.atomic import write_json
+from kinfolk.figures import pyplot, save_figure
 from kinfolk.plugins.atlantis.config import (
     FORMULAS,
     RESPONSE_BYTES_COLUMN,
@@ -209,22 +210,13 @@ def write_report(
     directory = Path(directory)
     written = [write_json(directory / f"{prefix}{REPORT_NAME}", _jsonable(report))]
     if weights is not None:
-        import matplotlib  # a core dependency, imported here to keep it off the start-up path
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axes = plt.subplots(figsize=(6, 4))
+        figure, axes = pyplot().subplots(figsize=(6, 4))
         axes.hist(np.asarray(weights), bins=60, color="tab:blue")
         axes.axvline(1.0, color="black", linestyle="--", linewidth=1)
         axes.set_xlabel("weight")
         axes.set_ylabel("rows")
         axes.set_title(f"ATLANTIS weights (ESS/N {report['ess_over_n']:.3f})")
-        figure.tight_layout()
-        with atomic_file(directory / f"{prefix}{HISTOGRAM_NAME}", mode="wb") as handle:
-            figure.savefig(handle, format="png", dpi=100)
-        plt.close(figure)
-        written.append(directory / f"{prefix}{HISTOGRAM_NAME}")
+        written.append(save_figure(figure, directory / f"{prefix}{HISTOGRAM_NAME}"))
     return written
 
 

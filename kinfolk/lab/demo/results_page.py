@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.atomic import atomic_file
+from kinfolk.figures import pyplot, save_figure
 from kinfolk.lab.demo.evidence import (
     PLURALS,
     QUESTIONS,
@@ -39,7 +40,6 @@ from kinfolk.lab.demo.evidence import (
     readme_with_evidence,
     update_readme,
 )
-from kinfolk.lab.demo.plots import save_figure
 from kinfolk.lab.protocol.sentences import fixed_claims, results_paths, with_stated_ranges
 from kinfolk.verdict_words import NOT_SHOWN, SHOWN
 
@@ -278,13 +278,8 @@ def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_D
 def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
     """One row per primary endpoint: each unit's value (dots), the mean and its 95 % t-interval (bar), the null
     (dashed); the endpoints that survive Holm are marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     primaries = [(n, e) for n, e in results["endpoints"].items() if e["primary"]]
-    figure, axes = plt.subplots(len(primaries), 1, figsize=(7.5, 1.1 * len(primaries) + 0.6), squeeze=False)
+    figure, axes = pyplot().subplots(len(primaries), 1, figsize=(7.5, 1.1 * len(primaries) + 0.6), squeeze=False)
     for axis, (name, entry) in zip(axes[:, 0], primaries):
         values = [v for v in entry["per_unit"] if v is not None]
         axis.scatter(values, [0] * len(values), s=14, color="0.4", zorder=3)
