@@ -1,7 +1,7 @@
 """What the lab's evidence shows, generated from the newest version of each question's committed results.
 
-Each question the lab asks has been answered by one or more experiment versions (`QUESTIONS`); a later version
-revises the earlier ones, so only the newest is quoted. The README's evidence table (between `<!-- evidence -->`
+Each question the lab asks has been answered by one or more experiment versions (`QUESTIONS`, read from the
+registry `kinfolk.lab.protocol.EXPERIMENTS`); a later version revises the earlier ones, so only the newest is quoted. The README's evidence table (between `<!-- evidence -->`
 and `<!-- /evidence -->`, rewritten by `update_readme`) and the demo's headline both take their rows from
 `evidence_rows`, never typed: per primary endpoint its mean over units, 95 % t-interval, the two arms' mean
 absolute values (`absolute` in the JSON), whether it survives Holm's correction, the experiment and version, and
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import atomic_file
+from kinfolk.lab.protocol import EXPERIMENTS
 from kinfolk.lab.protocol.sentences import ADDENDUM_SUFFIX, fixed_claims, results_paths, with_stated_ranges
 from kinfolk.verdict_words import NOT_SHOWN, SHOWN
 
@@ -36,21 +37,9 @@ PLURALS = {"family": "families", "seed": "seeds"}  # the results' unit kinds
 BEGIN, END = "<!-- evidence -->", "<!-- /evidence -->"
 AFTER_MARK = "†"  # the table's mark on a sentence written after the results
 NO_CLAIM = "(no claim sentence: kinfolk lab check fails)"
-# The question each registered experiment answers; a newer version of a question supersedes its older ones.
-QUESTIONS: dict[str, str] = {
-    "atlantis": "ATLANTIS",
-    "atlantis-controls": "ATLANTIS",
-    "atlas": "ATLAS",
-    "atlas-controls": "ATLAS",
-    "adapt": "ADAPT",
-    "adapt-controls": "ADAPT",
-    "adapt-frontier": "ADAPT",
-    "adapt-compute": "ADAPT",
-    "real-atlas": "ATLAS, real checkpoint",
-    "real-boomerang": "ADAPT, real checkpoint",
-    "real-boomerang-controls": "ADAPT, real checkpoint",
-    "real-boomerang-compute": "ADAPT, real checkpoint",
-}
+# The question each registered experiment answers (`kinfolk.lab.protocol.EXPERIMENTS`, in the registry's order);
+# a newer version of a question supersedes its older ones.
+QUESTIONS: dict[str, str] = {name: registered.question for name, registered in EXPERIMENTS.items()}
 
 
 def version_number(version: str) -> int:
