@@ -138,8 +138,8 @@ NEWEST = newest_versions()
 def test_the_readme_table_is_the_generated_one_from_the_newest_versions():
     text = (ROOT / "README.md").read_text()
     block = text[text.index(evidence.BEGIN) : text.index(evidence.END) + len(evidence.END)]
-    assert block == evidence.readme_block(RESULTS), "README's evidence table is stale: run python -m " \
-        "kinfolk.lab.demo.results_page"  # fmt: skip
+    assert block == evidence.readme_block(RESULTS), "README's evidence table is stale: run python " \
+        "tools/results_page.py"  # fmt: skip
     assert len(text.splitlines()) <= 200
     assert {row.experiment: row.version for row in evidence.evidence_rows(RESULTS)} == NEWEST
     assert evidence.superseded_quotes(text, RESULTS) == []
