@@ -1,4 +1,4 @@
-"""The demo's report: markdown tables from `results.json`, PNG plots (matplotlib, the `plots` extra), a headline.
+"""The demo's report: markdown tables from `results.json`, PNG plots (`kinfolk.figures`), a headline.
 
 >>> print(markdown_table(["model", "add"], [["uniform", 0.5]]))
 | model | add |
