@@ -3,12 +3,12 @@
 Every `import` in the installed package is read with `ast` (those inside functions too, where upward imports hide)
 and checked against the layer of the importing module:
 
-1. foundations (kinfolk's shared cores: tokens, logprobs, layout, atomic, tensors, stats, divergence, data, compat, ...)
-   import no kinfolk component and no app;
+1. foundations (kinfolk's shared cores: tokens, logprobs, layout, atomic, tensors, stats, divergence, drift, figures,
+   data, compat, ...) import no kinfolk component and no app;
 2. components (plugins, trainers, callbacks, eval_tasks) import foundations, never an app, and another component
    only along a listed edge of a method's own pipeline;
-3. apps (the command line and its helpers, e.g. the drift report, `kinfolk compare`, the lab, and the integrations
-   into other tools such as axolotl) may import anything.
+3. apps (the command line, `kinfolk compare`, the lab, and the integrations into other tools such as axolotl) may
+   import anything.
 """
 
 import ast
