@@ -9,7 +9,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: install demo demo-quick test test-fast test-slow test-compat lint format real-models test-real
+.PHONY: install demo demo-quick test test-fast test-slow test-compat lint format real-models test-real results-page
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -62,6 +62,11 @@ real-models: $(VENV)/.installed-real
 # One process: each real model takes 1-5 GiB and the machine is shared.
 test-real: real-models
 	$(PY) -m pytest -p no:xdist -m real $(PYTEST_ARGS)
+
+# The lab's generated documents (docs/results.md's blocks and figures, README's evidence table) from the committed
+# results in docs/results/; `kinfolk lab check` fails while they are stale.
+results-page: install
+	$(PY) tools/results_page.py
 
 lint: install
 	$(VENV)/bin/ruff check .

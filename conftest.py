@@ -122,8 +122,8 @@ def score_setup(tiny_kit, tmp_path_factory):
     """`score` of 40 rows with two models in chunks of 4 rows, and its uninterrupted result."""
     from datasets import Dataset
 
+    from kinfolk.plugins.atlantis import score_dataset
     from kinfolk.testing import prompt_completion_dataset
-    from kinfolk.trainers.atlantis import score_dataset
 
     root = tmp_path_factory.mktemp("kill-score")
     family = tiny_kit.family("qwen2")

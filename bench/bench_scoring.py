@@ -34,10 +34,10 @@ from datasets import Dataset
 from timing import clock_for, interleaved, paired_ratio, report
 
 from kinfolk.logprobs import label_log_probs
+from kinfolk.plugins.atlantis.batching import chunk_plan, token_budget_batches
+from kinfolk.plugins.atlantis.scoring import response_token_counts, score_batches
 from kinfolk.testing import build_model, build_tokenizer
 from kinfolk.tokens import sft_tokenize
-from kinfolk.trainers.atlantis.batching import chunk_plan, token_budget_batches
-from kinfolk.trainers.atlantis.scoring import response_token_counts, score_batches
 
 WORDS = ("the", "model", "learns", "a", "new", "skill", "while", "its", "answers", "on", "retained", "work", "move")
 

@@ -7,8 +7,7 @@
 Each adds its metrics to the trainer's own log record of the step (`kinfolk.callbacks.step_log`) and appends to
 `<output_dir>/drift.jsonl`, which `kinfolk drift` and `kinfolk compare` read.
 
-Its names are imported on first use: `kinfolk drift` and `kinfolk churn` read logs (`drift_log`, `churn`) without
-torch.
+Its names are imported on first use, so that importing one callback does not import the others' dependencies.
 """
 
 from kinfolk.lazy import lazy_exports

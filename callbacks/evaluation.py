@@ -10,7 +10,7 @@ Scores are logged in the trainer's own record of that step (see `kinfolk.callbac
 scores, e.g. problems solved). With `churn=True` the frozen model's
 answers are recorded once at train start (a PEFT model with its adapters switched off, or the model before
 its first step) and every later run is compared with them: `churn/<task>/C|F|G|W` and their rates (see
-`kinfolk.callbacks.churn`). Per-sample records are saved under `<output_dir>/lm_eval/` (`frozen/` and
+`kinfolk.drift.churn`). Per-sample records are saved under `<output_dir>/lm_eval/` (`frozen/` and
 `step-<N>/`, lm-eval's sample format) so churn between any two runs can be recomputed with `kinfolk churn`.
 
 Distributed training: lm-eval runs on the main process over its full copy of the model (DDP, ZeRO-1/2);
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from kinfolk.atomic import atomic_file
-from kinfolk.callbacks.churn import churn_report, flat_metrics, outcomes, read_samples
-from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
+from kinfolk.drift.churn import churn_report, flat_metrics, outcomes, read_samples
+from kinfolk.drift.log import append_row
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
 

@@ -37,10 +37,10 @@ import torch
 from datasets import Dataset
 
 from kinfolk.batches import retained_batches
-from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
+from kinfolk.drift.log import append_row
 from kinfolk.prefix_cache import MeasuredFromLayer
 from kinfolk.sharding import unsharded_root
 

@@ -33,12 +33,12 @@ import torch
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.batches import retained_batches
-from kinfolk.callbacks.drift_log import append_row
 from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
 from kinfolk.divergence import OutputHead, label_log_probs_from_hidden, last_hidden_states
 from kinfolk.divergence.sources import scored_positions
+from kinfolk.drift.log import append_row
 from kinfolk.errors import InputError
 from kinfolk.prefix_cache import MeasuredFromLayer
 from kinfolk.tokens import IGNORE_INDEX

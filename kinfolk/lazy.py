@@ -1,8 +1,8 @@
 """A package's public names, imported from their submodules on first use (PEP 562's module `__getattr__`).
 
-`from kinfolk.trainers.atlantis.config import ScoreConfig` runs `kinfolk/trainers/__init__.py` first; when that
-imported the trainers (torch, transformers, TRL), a command had to import them all to print its options
-(`kinfolk score --help`: seconds). A package built with `lazy_exports` keeps its names (`from kinfolk.trainers
+`from kinfolk.plugins.atlantis.config import ScoreConfig` runs `plugins/atlantis/__init__.py` first; when
+that imported the scoring pipeline (torch, transformers, datasets), a command had to import them all to print its
+options (`kinfolk score --help`: seconds). A package built with `lazy_exports` keeps its names (`from kinfolk.trainers
 import WeightedSFTTrainer`, `__all__`, `dir()`) while importing a submodule only when one of its names is asked for.
 
 >>> import sys, types

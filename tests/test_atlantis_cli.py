@@ -9,10 +9,10 @@ import pytest
 from datasets import Dataset, load_from_disk
 from two_process_helpers import accelerate_flags, run
 
-import kinfolk.trainers.atlantis.diagnostics
+import kinfolk.plugins.atlantis.diagnostics
 from kinfolk.commands import main
+from kinfolk.plugins.atlantis import compute_weights, score_dataset
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import compute_weights, score_dataset
 
 
 @pytest.fixture()
@@ -106,7 +106,7 @@ def test_a_failed_run_leaves_no_output(setup, tmp_path, monkeypatch, capsys):
         raise OSError("No space left on device")
 
     # fails half-way through writing --out (`kinfolk score` imports the writer when it runs)
-    monkeypatch.setattr(kinfolk.trainers.atlantis.diagnostics, "write_report", disk_full)
+    monkeypatch.setattr(kinfolk.plugins.atlantis.diagnostics, "write_report", disk_full)
     capsys.readouterr()
     assert main(["score", "--data", str(setup["data"]), *setup["models"], "--out", str(out), *setup["cache"]]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]  # one line naming --out (kinfolk.diskspace)

@@ -23,9 +23,9 @@ import pytest
 from datasets import Dataset
 
 from kinfolk.commands import main
+from kinfolk.plugins.atlantis import FORMULAS, ScoreConfig, check_scoring_inputs, compute_weights, weight_report
+from kinfolk.plugins.atlantis.diagnostics import format_report
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import FORMULAS, ScoreConfig, check_scoring_inputs, compute_weights, weight_report
-from kinfolk.trainers.atlantis.diagnostics import format_report
 
 COMPLETIONS = [" 4", " banana!!", " 12", " 7", " qqqq zz"]
 A = [-1.0, -9.0, -0.75, -2.0, -2.0]

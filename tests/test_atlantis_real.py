@@ -14,10 +14,10 @@ from datasets import Dataset, concatenate_datasets, load_from_disk
 from transformers import AutoTokenizer
 
 from kinfolk.commands import main
+from kinfolk.plugins.atlantis import ScoreConfig, score_dataset, weight_report
 from kinfolk.testing import conversational_dataset, prompt_completion_dataset
 from kinfolk.testing.resources import measure
 from kinfolk.tokens import DatasetFormatError
-from kinfolk.trainers.atlantis import ScoreConfig, score_dataset, weight_report
 from tools.real_models import humaneval_data_path
 
 pytestmark = pytest.mark.real

@@ -12,6 +12,8 @@ from atlantis_helpers import reference_scores
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.plugins.atlantis import ScoreConfig, ScoringError, score_dataset, score_model
+from kinfolk.plugins.atlantis import scoring as scoring_module
 from kinfolk.testing import (
     ARCHITECTURES,
     build_model,
@@ -22,8 +24,6 @@ from kinfolk.testing import (
     save_model,
 )
 from kinfolk.tokens import DatasetFormatError
-from kinfolk.trainers.atlantis import ScoreConfig, ScoringError, score_dataset, score_model
-from kinfolk.trainers.atlantis import scoring as scoring_module
 
 NO_CACHE = ScoreConfig(use_cache=False)
 

@@ -5,8 +5,8 @@ import torch
 from sft_helpers import batch_loss_and_grads, weighted_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.plugins.atlantis import score_dataset
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import score_dataset
 
 
 def test_scored_dataset_trains_with_its_weights(tiny_kit, tmp_path):

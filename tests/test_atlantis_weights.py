@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from kinfolk.tokens import DatasetFormatError
-from kinfolk.trainers.atlantis import (
+from kinfolk.plugins.atlantis import (
     WeightConfig,
     compare_weights,
     compute_weights,
@@ -19,8 +18,9 @@ from kinfolk.trainers.atlantis import (
     weight_report,
     write_report,
 )
-from kinfolk.trainers.atlantis.pareto import fit_generalized_pareto, pareto_smooth, tail_size
-from kinfolk.trainers.atlantis.weights import column_array
+from kinfolk.plugins.atlantis.pareto import fit_generalized_pareto, pareto_smooth, tail_size
+from kinfolk.plugins.atlantis.weights import column_array
+from kinfolk.tokens import DatasetFormatError
 
 RNG = np.random.default_rng(7)
 N = 50

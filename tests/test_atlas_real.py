@@ -18,9 +18,9 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.commands import main
+from kinfolk.drift.log import read_rows, steps
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.plugins.atlas_comparators import matching_lora_config
 from kinfolk.testing.resources import measure

@@ -18,8 +18,8 @@ from datasets import Dataset, DatasetDict
 from refusal_helpers import assert_command_refused
 
 from kinfolk.plugins.adapt import LAYER_MAP_FILE
+from kinfolk.plugins.atlantis import scoring as scoring_module
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import scoring as scoring_module
 
 
 def write_lines(path, lines):
@@ -504,7 +504,7 @@ TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
 @pytest.fixture(scope="module")
 def drift_runs(tmp_path_factory):
     """Two methods' runs (drift.jsonl as the callbacks write them) and broken variants."""
-    from kinfolk.callbacks.drift_log import append_row
+    from kinfolk.drift.log import append_row
 
     root = tmp_path_factory.mktemp("drift-cli")
     for method, kls in {"atlas": [0.002, 0.003], "lora": [0.004, 0.006]}.items():

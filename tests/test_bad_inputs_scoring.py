@@ -16,11 +16,11 @@ from kinfolk.errors import (
     OutputExistsError,
     OutputNotWritableError,
 )
+from kinfolk.plugins.atlantis import ScoreConfig, check_scoring_inputs, score_dataset, score_model
+from kinfolk.plugins.atlantis import scoring as scoring_module
+from kinfolk.plugins.atlantis.cache import ScoreCache
 from kinfolk.testing import build_tokenizer, prompt_completion_dataset
 from kinfolk.tokens import sft_tokenize
-from kinfolk.trainers.atlantis import ScoreConfig, check_scoring_inputs, score_dataset, score_model
-from kinfolk.trainers.atlantis import scoring as scoring_module
-from kinfolk.trainers.atlantis.cache import ScoreCache
 
 
 @pytest.fixture

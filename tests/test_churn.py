@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kinfolk.callbacks.churn import Outcome, churn_counts, churn_report, compare_churn, outcomes
+from kinfolk.drift.churn import Outcome, churn_counts, churn_report, compare_churn, outcomes
 
 # Eight questions. Frozen: right on q0–q3, wrong on q4–q7.
 FROZEN = {f"q{i}": Outcome(str(i), i < 4) for i in range(8)}

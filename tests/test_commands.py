@@ -10,7 +10,7 @@ from kinfolk.commands import VERBS, main
 from kinfolk.commands.merge import make_parser as merge_parser
 from kinfolk.commands.score import ScoreArguments
 from kinfolk.errors import InputError, MissingInputError
-from kinfolk.trainers.atlantis.config import ScoreConfig
+from kinfolk.plugins.atlantis.config import ScoreConfig
 
 
 @pytest.mark.parametrize("verb", sorted(VERBS))

@@ -72,8 +72,8 @@ def test_the_lab_legacy_rule_can_choose_otherwise_than_the_one_rule():
 def legacy_users() -> set[str]:
     """The experiments (registry names) whose modules call one of the lab's legacy level-rule functions."""
     users = set()
-    for name, target in EXPERIMENTS.items():
-        package = REPO / "kinfolk" / Path(*target.split(":")[0].split(".")[1:-1])
+    for name, registered in EXPERIMENTS.items():
+        package = REPO / "kinfolk" / Path(*registered.target.split(":")[0].split(".")[1:-1])
         for path in package.glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 called = getattr(node, "attr", None) or (node.id if isinstance(node, ast.Name) else None)

@@ -19,10 +19,9 @@ import math
 import numpy as np
 import pytest
 
-from kinfolk.callbacks.drift_log import append_row
 from kinfolk.commands import main
-from kinfolk.commands.drift_report import Run, load_run, markdown, parse_requirements, shared_requirements
-from kinfolk.drift import target_matched
+from kinfolk.drift import Run, load_run, markdown, parse_requirements, shared_requirements, target_matched
+from kinfolk.drift.log import append_row
 
 TARGET = "lm_eval/kinfolk_mbpp_plus_sample/pass_at_1_count"
 RUNS = {

@@ -9,8 +9,8 @@ from lm_eval import simple_evaluate
 from lm_eval.api.model import LM
 from lm_eval.tasks import TaskManager
 
-from kinfolk.callbacks.churn import churn_counts, outcomes, read_samples
 from kinfolk.callbacks.evaluation import score_metrics, write_samples
+from kinfolk.drift.churn import churn_counts, outcomes, read_samples
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV, CodeExecutionNotAllowed
 from kinfolk.eval_tasks.loading import load_task_data

@@ -89,7 +89,7 @@ def test_an_interrupted_score_says_what_it_keeps_and_its_rerun_resumes_from_the_
     arguments = {**score_setup, "cache_dir": str(cache), "out": str(out), "overwrite": False}
     del arguments["reference"]
     # after 3 chunks of the second model (10 chunks of 4 rows per model)
-    point = ["--signal", signal_name, "kinfolk.trainers.atlantis.cache:ScoreCache.write", "after", "13"]
+    point = ["--signal", signal_name, "kinfolk.plugins.atlantis.cache:ScoreCache.write", "after", "13"]
     line = stopped_line(signalled_job(tmp_path, "score", arguments, *point), "score", signal_name)
     assert f"the score cache in {cache}" in line
     assert not out.exists() and staging_left(tmp_path) == []

@@ -25,9 +25,9 @@ from two_process_helpers import accelerate_flags
 
 from kinfolk.atomic import staging_owner
 from kinfolk.plugins.adapt import merge
+from kinfolk.plugins.atlantis import ScoreConfig, score_model
+from kinfolk.plugins.atlantis import scoring as scoring_module
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import ScoreConfig, score_model
-from kinfolk.trainers.atlantis import scoring as scoring_module
 
 
 def run_job(tmp_path, job: str, arguments: dict, *kill: str, launcher: tuple[str, ...] = ()) -> int:
@@ -88,7 +88,7 @@ def test_killed_patch_all_leaves_a_whole_or_no_output_and_the_rerun_cleans_up(pa
 
 
 SCORE_KILLS = {
-    "after 3 chunks of the second model": ["kinfolk.trainers.atlantis.cache:ScoreCache.write", "after", "13"],
+    "after 3 chunks of the second model": ["kinfolk.plugins.atlantis.cache:ScoreCache.write", "after", "13"],
     "while a chunk is renamed into place": ["os:replace", "before", "4", ".npz"],
     "while the output is published": ["kinfolk.atomic:publish", "before", "1"],
 }

@@ -3,6 +3,7 @@ independent computation (SciPy's t distribution, Holm by hand), and a doctored c
 the rule it breaks."""
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from kinfolk.lab.protocol.checks import RULES, check_results, results_files
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 COMMITTED = results_files(RESULTS)
+SIDE_FILES = (".plan.json", ".claims-addendum.json")
 
 
 def test_the_committed_results_are_found():
@@ -313,7 +315,7 @@ def test_a_stale_readme_table_or_results_page_fails_the_check(tmp_path, capsys):
     readme.write_text(fresh.replace("not significant after Holm's correction", "shown", 1))
     assert main(["lab", "check", "--results_dir", str(results)]) == 2
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"{readme}: its generated part is stale: run python -m kinfolk.lab.demo.results_page (breaks generated)"
+        f"{readme}: its generated part is stale: run python tools/results_page.py (breaks generated)"
     )
     readme.write_text(fresh)
     # a result changed after the page was generated: the page's block no longer matches its JSON
@@ -322,11 +324,29 @@ def test_a_stale_readme_table_or_results_page_fails_the_check(tmp_path, capsys):
     (results / "real-atlas.json").write_text(json.dumps(data))
     assert main(["lab", "check", "--results_dir", str(results)]) == 2
     lines = capsys.readouterr().out.splitlines()
-    assert (
-        lines[-1]
-        == f"{page}: its generated part is stale: run python -m kinfolk.lab.demo.results_page (breaks generated)"
-    )
+    assert lines[-1] == f"{page}: its generated part is stale: run python tools/results_page.py (breaks generated)"
     assert not any(line.startswith(str(readme)) for line in lines)  # notes are not in the README's table
+
+
+def test_the_repository_tool_regenerates_a_stale_checkout_and_writes_nowhere_else(tmp_path, monkeypatch):
+    from tools.results_page import main as regenerate_checkout
+
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    results = _checkout(checkout)
+    readme, page = checkout / "README.md", checkout / "docs" / "results.md"
+    fresh_readme, fresh_page = readme.read_text(), page.read_text()
+    readme.write_text(fresh_readme.replace("not significant after Holm's correction", "shown", 1))
+    block = re.compile(r"(<!-- results:([\w-]+) -->\n).*?(\n<!-- /results:\2 -->)", flags=re.DOTALL)
+    page.write_text(block.sub(r"\1stale\3", fresh_page, count=1))
+    monkeypatch.chdir(elsewhere)
+    assert regenerate_checkout(["--root", str(checkout)]) == 0
+    assert (readme.read_text(), page.read_text()) == (fresh_readme, fresh_page)  # the committed ones are fresh
+    planned = [json.loads(p.read_text()) for p in results.glob("*.json") if not p.name.endswith(SIDE_FILES)]
+    figures = {f"{r['experiment']}-primaries.png" for r in planned if r.get("plan_sha256")}
+    assert {p.name for p in results.glob("*.png")} == figures and len(figures) >= 5
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in results.glob("*.png"))
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_no_results_files_is_bad_input(tmp_path, capsys):

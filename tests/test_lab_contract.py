@@ -56,8 +56,8 @@ def fields_named_test(record: Any, path: tuple = ()) -> list[tuple]:
 def test_the_registry_maps_onto_the_experiment_folders_one_to_one():
     folders = {p.parent.name for p in (ROOT / "kinfolk" / "lab" / "experiments").glob("*/__init__.py")}
     assert folders == {name.replace("-", "_") for name in EXPERIMENTS}
-    for name, target in EXPERIMENTS.items():
-        assert target.startswith(f"kinfolk.lab.experiments.{name.replace('-', '_')}."), name
+    for name, registered in EXPERIMENTS.items():
+        assert registered.target.startswith(f"kinfolk.lab.experiments.{name.replace('-', '_')}."), name
 
 
 def test_an_experiment_in_progress_has_no_results_and_a_finished_one_has():

@@ -8,9 +8,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
 
-from kinfolk.callbacks.churn import churn_counts, outcomes, read_samples
-from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.callbacks.evaluation import LmEvalCallback, preserved_rng
+from kinfolk.drift.churn import churn_counts, outcomes, read_samples
+from kinfolk.drift.log import read_rows, steps
 from kinfolk.testing import build_model, prompt_completion_dataset
 
 TASKS = ["kinfolk_csqa_sample", "kinfolk_gsm8k_sample"]

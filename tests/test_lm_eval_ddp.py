@@ -7,8 +7,8 @@ import pytest
 from lm_eval_ddp_job import train
 from two_process_helpers import accelerate
 
-from kinfolk.callbacks.churn import read_samples
-from kinfolk.callbacks.drift_log import read_rows
+from kinfolk.drift.churn import read_samples
+from kinfolk.drift.log import read_rows
 
 JOB = Path(__file__).with_name("lm_eval_ddp_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two-processes")]

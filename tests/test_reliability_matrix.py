@@ -112,7 +112,7 @@ LAB_CACHE = "--cache_dir {root}/lab-cache"
 OUTPUTS: list[Output] = [
     Output(
         "score", "--out", "scored.jsonl", f"{SCORE} --out {{out}} --cache_dir {{root}}/score-cache",
-        "kinfolk.trainers.atlantis.scoring.load_model",
+        "kinfolk.plugins.atlantis.scoring.load_model",
         beside=lambda path: [*run_log(path), path.with_name(f"{path.stem}.weights_report.json")],
         heavy={
             "SIGKILL mid-write": f"{KILL}::test_killed_scoring_resumes_from_whole_chunks_and_equals_an_uninterrupted_run",
@@ -124,7 +124,7 @@ OUTPUTS: list[Output] = [
     ),
     Output(
         "score", "--cache_dir", "score-cache", f"{SCORE} --out {{root}}/scored.jsonl --cache_dir {{out}}",
-        "kinfolk.trainers.atlantis.scoring.load_model",
+        "kinfolk.plugins.atlantis.scoring.load_model",
         exists="reused: a rerun scores only the chunks it lacks", overwrite=CACHE, interrupted=AS_OUT,
     ),
     *(

@@ -5,8 +5,8 @@ from peft import LoraConfig, get_peft_model
 from retained_kl_helpers import reference_retained_kl, sft_config
 from trl import SFTTrainer
 
-from kinfolk.callbacks.drift_log import read_rows, steps
 from kinfolk.callbacks.retained_kl import RetainedKLCallback, retained_batches
+from kinfolk.drift.log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy, prompt_completion_dataset
 from kinfolk.tokens import sft_tokenize
 

@@ -8,7 +8,7 @@ from peft import PeftModel
 from retained_kl_helpers import reference_retained_kl
 from two_process_helpers import accelerate
 
-from kinfolk.callbacks.drift_log import read_rows, steps
+from kinfolk.drift.log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy
 from kinfolk.tokens import sft_tokenize
 

@@ -12,8 +12,8 @@ import pytest
 
 from kinfolk.commands import main
 from kinfolk.data import load_data
+from kinfolk.plugins.atlantis import compute_weights
 from kinfolk.testing import prompt_completion_dataset
-from kinfolk.trainers.atlantis import compute_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = ["scored.jsonl", "scored.parquet", "scored"]

@@ -12,7 +12,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from kinfolk.batches import retained_batches
-from kinfolk.callbacks.drift_log import read_rows, steps
+from kinfolk.drift.log import read_rows, steps
 
 
 @pytest.fixture(scope="module")

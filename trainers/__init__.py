@@ -1,6 +1,8 @@
 """Trainers that drop into TRL: weighted SFT (ATLANTIS), distillation (ADAPT) and their regularisers.
 
-Its names are imported on first use: a light submodule (`atlantis.config`) loads without the trainers' torch and TRL.
+Its names are imported on first use: a config submodule (`weighted_sft_config`, read by `kinfolk sft --help`) loads
+without the trainers' code. ATLANTIS's scoring, which writes the weights these trainers read, is a plug-in
+(`kinfolk.plugins.atlantis`).
 """
 
 from kinfolk.lazy import lazy_exports

@@ -1,5 +1,5 @@
-"""The `kinfolk <verb>` command line: one module per verb in this package (beside the helpers they share: `parsing`,
-`launching`, and the drift command's report, `drift_report`), the verb table below.
+"""The `kinfolk <verb>` command line: one module per verb in this package (beside the helpers they share: `parsing` and
+`launching`), the verb table below.
 
 Every verb parses its options from dataclasses with TRL's parser (`kinfolk.commands.parsing.VerbParser`): each
 `--x_y` option is also `--x-y`, `--config run.yaml` supplies the same keys, and `--help` lists them with their help.

@@ -1,6 +1,6 @@
 """`kinfolk churn FROZEN ADAPTED [COMPARATOR]`: answer churn of an adapted model against the frozen one, from lm-eval
 samples files (`--log_samples`), as a markdown table; with a comparator, the paired reduction of each count
-(`kinfolk.callbacks.churn` has the definitions).
+(`kinfolk.drift.churn` has the definitions).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinfolk.atomic import check_destination, write_json
-from kinfolk.callbacks.churn import KINDS, align, churn_report, compare_churn, outcomes, read_samples
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.drift.churn import KINDS, align, churn_report, compare_churn, outcomes, read_samples
 from kinfolk.errors import InputError
 
 

@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass, field
 
 from kinfolk.atomic import check_destination
-from kinfolk.commands.drift_report import load_run, parse_requirements, target_matched, write_report
 from kinfolk.commands.parsing import VerbParser
+from kinfolk.drift import load_run, parse_requirements, target_matched, write_report
 from kinfolk.errors import InputError
 
 NEGATIVE_START = re.compile(r"-[0-9.]")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from kinfolk.commands.parsing import VerbParser
 from kinfolk.hints import suggest
-from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig, logprob_column
+from kinfolk.plugins.atlantis.config import ROLES, ScoreConfig, logprob_column
 
 MODELS_HINT = "/".join(suggest(option, "score") for option in ("--large_base", "--small_base", "--reference"))
 
@@ -51,7 +51,7 @@ def write_scored(scored: Dataset, report: dict, weights, out: str | Path, overwr
     """The scored rows at `out` (a folder with the report inside, or a file with the report beside it)."""
     from kinfolk.atomic import atomic_directory
     from kinfolk.data import save_dataset, writes_folder
-    from kinfolk.trainers.atlantis.diagnostics import write_report
+    from kinfolk.plugins.atlantis.diagnostics import write_report
 
     out = Path(out)
     if writes_folder(out):
@@ -68,7 +68,7 @@ def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> Non
     report) or the score cache (at most the input's bytes: three numbers per row and model) cannot fit."""
     from kinfolk.diskspace import check_free_space, path_bytes
     from kinfolk.interrupt import keep
-    from kinfolk.trainers.atlantis.cache import default_cache_dir
+    from kinfolk.plugins.atlantis.cache import default_cache_dir
 
     data_bytes = path_bytes(args.data)
     check_free_space(args.out, 2 * data_bytes, "the scored rows (about twice the input's size)")
@@ -81,8 +81,8 @@ def check_space(args: ScoreArguments, config: ScoreConfig, scoring: bool) -> Non
 def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
     from kinfolk.console import log_beside, quiet
     from kinfolk.data import check_output
-    from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
-    from kinfolk.trainers.atlantis.scoring import process_state
+    from kinfolk.plugins.atlantis.preflight import check_scoring_inputs
+    from kinfolk.plugins.atlantis.scoring import process_state
 
     state = process_state()
     check_output(args.out, args.overwrite)
@@ -97,10 +97,10 @@ def run(args: ScoreArguments, config: ScoreConfig) -> Dataset:
 def _score_and_write(args: ScoreArguments, config: ScoreConfig, models: dict, state) -> Dataset:
     from kinfolk.console import log_beside, show
     from kinfolk.data import load_data, naming
+    from kinfolk.plugins.atlantis.diagnostics import format_report, weight_report
+    from kinfolk.plugins.atlantis.pipeline import reweight_dataset, score_dataset
+    from kinfolk.plugins.atlantis.weights import weights_from_scores
     from kinfolk.tokens import DatasetFormatError
-    from kinfolk.trainers.atlantis.diagnostics import format_report, weight_report
-    from kinfolk.trainers.atlantis.pipeline import reweight_dataset, score_dataset
-    from kinfolk.trainers.atlantis.weights import weights_from_scores
 
     with state.main_process_first():
         dataset = load_data(args.data, args.split)

@@ -5,7 +5,7 @@ rows of the retained KL split: a row's prompt, its messages before the last answ
 `PROMPT_TOKENS` tokens of a text row; `--churn_tokens` new tokens each) at every measurement, step 0 included,
 in `answers.jsonl` beside its `drift.jsonl` (`AnswersCallback`). At a verdict level, a run's churn is the count of
 prompts whose answer at the checkpoint nearest the level (of the two measurements around the point where the run
-first reaches it, the one whose target is closer) differs from its answer at step 0: C of `callbacks/churn.py`'s
+first reaches it, the one whose target is closer) differs from its answer at step 0: C of `kinfolk.drift.churn`'s
 transitions (`churn_counts`), the same measurement the lab and `kinfolk churn` use. A method's churn at the level
 is the mean of its seeds' counts, said with the steps it was read at.
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from itertools import islice, pairwise
 from pathlib import Path
 
-from kinfolk.callbacks.churn import Outcome, churn_counts
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.drift import Run
+from kinfolk.drift.churn import Outcome, churn_counts
 
 ANSWERS_FILE = "answers.jsonl"
 PROMPT_TOKENS = 32  # a text row's prompt: its first tokens (a retained text has no question to answer)

@@ -19,6 +19,7 @@ from typing import Any
 from kinfolk.compare.analysis import Analysis
 from kinfolk.drift.levels import seeds_drift
 from kinfolk.drift.matching import START_STEP, Run
+from kinfolk.figures import pyplot, save_figure
 
 COMPARE_FIGURE, CURVES_FIGURE, LIMITS_FILE = "compare.png", "curves.png", "figures.json"
 
@@ -35,10 +36,7 @@ def _limits(axis) -> dict[str, Any]:
 
 def plot_compare(analysis: Analysis, path: Path, target: str) -> dict[str, Any]:
     """`compare.png` (see the module); returns its axis limits."""
-    import matplotlib  # a core dependency, imported here to keep it off the start-up path
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(8, 5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -73,19 +71,13 @@ def plot_compare(analysis: Analysis, path: Path, target: str) -> dict[str, Any]:
     axis.set_title(f"Drift on first reaching each target, at each method's chosen rate (dashed: verdict levels as "
                    f"shares of {analysis.baseline}'s gain)", fontsize=9)  # fmt: skip
     axis.legend(fontsize=7)
-    figure.tight_layout()
-    limits = _limits(axis)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return limits
+    save_figure(figure, path, dpi=120)
+    return _limits(axis)
 
 
 def plot_curves(analysis: Analysis, path: Path) -> list[dict[str, Any]]:
     """`curves.png` (see the module); returns each panel's axis limits, row by row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     columns = len(analysis.choices)
     figure, axes = plt.subplots(2, columns, figsize=(4 * columns, 7), squeeze=False, sharex="row", sharey="row")
@@ -113,11 +105,8 @@ def plot_curves(analysis: Analysis, path: Path) -> list[dict[str, Any]]:
         bottom.set_xlabel("target score")
         bottom.set_ylabel("retained KL (log)")
         top.legend(fontsize=7)
-    figure.tight_layout()
-    limits = [_limits(axis) for row in axes for axis in row]
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return limits
+    save_figure(figure, path, dpi=120)
+    return [_limits(axis) for row in axes for axis in row]
 
 
 def write_figures(analysis: Analysis, folder: Path, target: str) -> None:

@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kinfolk.callbacks.drift_log import append_row, read_rows, steps
-from kinfolk.commands.drift_report import load_run
 from kinfolk.drift import Run
 from kinfolk.drift.levels import sources_drift
+from kinfolk.drift.log import append_row, load_run, read_rows, steps
 
 TARGET, KL = "target", "retained_kl"
 VALIDATION, TEST = "validation", "test"

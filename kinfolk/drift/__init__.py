@@ -2,8 +2,9 @@
 
 `matching` reads each run's drift at target levels off its own (target, drift) curve, interpolated along the
 running-maximum envelope of the target and never extrapolated, and compares methods over seeds; `render` writes
-the report. `kinfolk drift` (`kinfolk.commands.drift`) reads runs' `drift.jsonl` logs (docs/measurement.md gives
-the row format) and calls these.
+the report; `log` writes and reads a run's `drift.jsonl` (docs/measurement.md gives the row format) and reads its
+curve (`load_run`). `kinfolk drift` (`kinfolk.commands.drift`) parses its options and calls these. `churn` measures drift in answers rather than probabilities: how many retained
+answers an adapted model changed against the frozen one (`kinfolk churn`, `LmEvalCallback`, `kinfolk compare`).
 
 >>> from kinfolk.drift import Run, target_matched
 >>> runs = [Run("atlas", "1", "a", [(1, 1.0, 0.01), (2, 3.0, 0.04)]),
@@ -13,6 +14,7 @@ the row format) and calls these.
 0.5
 """
 
+from kinfolk.drift.log import load_run
 from kinfolk.drift.matching import (
     INTERPOLATION,
     Comparison,
@@ -37,6 +39,7 @@ __all__ = [
     "Run",
     "RunResult",
     "Unreached",
+    "load_run",
     "markdown",
     "parse_requirements",
     "plot",

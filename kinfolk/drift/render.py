@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kinfolk.atomic import atomic_directory
 from kinfolk.drift.matching import MIN_INTERVAL_UNITS, START_STEP, Comparison, MatchedGain
+from kinfolk.figures import pyplot, save_figure
 from kinfolk.verdict_words import SHOWN, judged, not_tested
 
 
@@ -70,10 +71,7 @@ def markdown(report: MatchedGain) -> str:
 
 def plot(report: MatchedGain, path: Path) -> None:
     """Drift against target score: every checkpoint, each run's envelope, and each method's level curve."""
-    import matplotlib  # a core dependency, imported here to keep it off the start-up path
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     names = [summary.method for summary in report.methods]
@@ -95,9 +93,7 @@ def plot(report: MatchedGain, path: Path) -> None:
     axis.set_ylabel(f"{report.kl} (lower is less drift)")
     axis.set_title("Drift on first reaching each target score")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    plt.close(figure)
+    save_figure(figure, path, dpi=150)
 
 
 def write_report(report: MatchedGain, out: str | Path, overwrite: bool = False) -> str:

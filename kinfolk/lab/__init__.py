@@ -15,7 +15,8 @@ Four folders, each one kind of thing:
   on-disk `cache` of finished work.
 - `experiments/`: one folder per registered experiment, `experiments/<name>/` (`settings`, `runs`, `experiment`,
   and `figure` where it has one).
-- `demo/`: `kinfolk demo` (`pipeline`), its `report`, the results page (`results_page`) and `plots`.
+- `demo/`: `kinfolk demo` (`pipeline`), its `report`, and the text of the README's evidence table (`evidence`) and
+  of the results page (`results_page`) from the committed results.
 
 Nothing heavy is imported here. The command line is `kinfolk.commands.lab`.
 """

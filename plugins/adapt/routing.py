@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from kinfolk.errors import InputError
+from kinfolk.figures import pyplot, save_figure
 from kinfolk.plugins.adapt.hull import Hull, HullPoint, upper_hull
 
 POLICIES = ("average", "minimum")
@@ -298,12 +299,7 @@ def plot_frontier(
 ) -> Path:
     """Two panels (average score, minimum score over levels, on `scale`) against cost: the fixed models as
     labelled points, each policy's routed points as a line in cost order."""
-    import matplotlib  # a core dependency, imported where it is used
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharex=True)
+    figure, axes = pyplot().subplots(1, 2, figsize=(9, 3.6), sharex=True)
     titles = (f"average {scale.name}", f"{'maximum' if scale.sign < 0 else 'minimum'} {scale.name} over levels")
     for axis, metric, title in zip(axes, ("accuracy", "minimum_accuracy"), titles):
         fixed = result["fixed"]
@@ -328,8 +324,4 @@ def plot_frontier(
         axis.set_ylabel(title)
         axis.set_title(f"{title} on the test split", fontsize=9)
     axes[0].legend(fontsize=7)
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

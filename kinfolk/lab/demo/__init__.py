@@ -1,3 +1,4 @@
 """`kinfolk demo`: `pipeline` (the three methods on one family), `report` (report.md, the headline and its plots),
-`results_page` (docs/results.md's generated blocks), `evidence` (the README's evidence table and the headline's
-evidence lines, from each question's newest experiment) and `plots` (figure helpers)."""
+`results_page` (the text of docs/results.md's generated blocks) and `evidence` (the README's evidence table and the
+headline's evidence lines, from each question's newest experiment). Figures are drawn with `kinfolk.figures`;
+`tools/results_page.py` writes the generated documents into a checkout."""

@@ -40,7 +40,7 @@ from kinfolk.lab.methods.atlantis import AtlantisSettings
 from kinfolk.lab.world.evaluate import skill_scores
 from kinfolk.lab.world.family import Family, LabConfig, build_family
 from kinfolk.lab.world.skills import HELD_OUT, RETAINED, TARGET
-from kinfolk.trainers.atlantis.config import WeightConfig
+from kinfolk.plugins.atlantis.config import WeightConfig
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"

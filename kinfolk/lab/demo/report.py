@@ -1,4 +1,4 @@
-"""The demo's report: markdown tables from `results.json`, PNG plots (matplotlib, the `plots` extra), a headline.
+"""The demo's report: markdown tables from `results.json`, PNG plots (`kinfolk.figures`), a headline.
 
 >>> print(markdown_table(["model", "add"], [["uniform", 0.5]]))
 | model | add |
@@ -16,6 +16,7 @@ from typing import Any
 
 from kinfolk.atomic import atomic_file
 from kinfolk.drift.matching import INTERPOLATION, Run
+from kinfolk.figures import pyplot, save_figure
 
 
 def _cell(value: Any) -> str:
@@ -283,21 +284,14 @@ def headline_table(results: dict, results_dir: Path | None = None) -> str:
 
 def write_plots(results: dict, out: Path) -> list[str]:
     """PNG plots next to the report."""
-    import matplotlib  # a core dependency, imported here to keep it off the start-up path
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     written = []
 
     @contextlib.contextmanager
     def plot(name: str):
-        figure, axis = plt.subplots(figsize=(5, 3.2))
+        figure, axis = pyplot().subplots(figsize=(5, 3.2))
         yield axis
-        figure.tight_layout()
-        figure.savefig(out / name, dpi=100)
+        save_figure(figure, out / name)
         written.append(name)
-        plt.close(figure)
 
     with plot("atlantis_weights.png") as axis:
         by_kind = results["atlantis"]["weights_by_kind"]

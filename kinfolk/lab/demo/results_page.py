@@ -1,13 +1,13 @@
 """The lab's results as markdown, generated from the results JSON (`docs/results/<experiment>.json`), never typed.
 
 `docs/results.md` holds the prose; each experiment's tables sit between `<!-- results:<name> -->` and
-`<!-- /results:<name> -->` and are rewritten from the JSON by `update_results_page` (`python -m
-kinfolk.lab.demo.results_page`), so the page and the data cannot disagree (a test checks it). So is each experiment's
-figure of its primary endpoints (`plot_primaries`, `docs/results/<name>-primaries.png`), and the README's evidence
-table (`evidence.update_readme`). Each protocol experiment's block opens with its "in brief" lines: per primary, the
-sentence its claim fixes for the outcome (`kinfolk.lab.protocol.sentences`) and the numbers behind it. The page's
-"what is known now" blocks (`<!-- known:<question> -->`, the question's slug) hold the same lines and primaries table
-for each question's newest version only.
+`<!-- /results:<name> -->` and are generated from the JSON by `page_with_results`, so the page and the data cannot
+disagree (a test checks it); the repository tool `tools/results_page.py` (`make results-page`) writes them into a
+checkout, with each experiment's figure of its primary endpoints and the README's evidence table. Each protocol
+experiment's block opens with its "in brief" lines: per primary, the sentence its claim fixes for the outcome
+(`kinfolk.lab.protocol.sentences`) and the numbers behind it. The page's "what is known now" blocks
+(`<!-- known:<question> -->`, the question's slug) hold the same lines and primaries table for each question's newest
+version only.
 `stale_generated` names a checkout's generated files that its committed results no longer give (`kinfolk lab
 check` fails on them).
 
@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from kinfolk.atomic import atomic_file
 from kinfolk.lab.demo.evidence import (
     PLURALS,
     QUESTIONS,
@@ -37,11 +36,8 @@ from kinfolk.lab.demo.evidence import (
     RESULTS_DIR,
     newest_experiments,
     readme_with_evidence,
-    update_readme,
 )
-from kinfolk.lab.demo.plots import save_figure
-from kinfolk.lab.protocol.sentences import fixed_claims, results_paths, with_stated_ranges
-from kinfolk.verdict_words import NOT_SHOWN, SHOWN
+from kinfolk.lab.protocol.sentences import fixed_claims, with_stated_ranges
 
 RESULTS_PAGE = Path("docs/results.md")
 
@@ -259,57 +255,5 @@ def stale_generated(root: Path) -> list[str]:
         if (root / path).is_file():
             text = (root / path).read_text()
             if regenerate(text, root / RESULTS_DIR) != text:
-                stale.append(
-                    f"{root / path}: its generated part is stale: run python -m kinfolk.lab.demo.results_page"
-                )
+                stale.append(f"{root / path}: its generated part is stale: run python tools/results_page.py")
     return stale
-
-
-def update_results_page(page: Path = RESULTS_PAGE, results_dir: Path = RESULTS_DIR) -> str:
-    """Rewrite every generated block of `page` from `results_dir/<name>.json`; returns the new text."""
-    text = page.read_text()
-    updated = page_with_results(text, results_dir)
-    if updated != text:
-        with atomic_file(page) as handle:
-            handle.write(updated)
-    return updated
-
-
-def plot_primaries(results: dict[str, Any], path: str | Path) -> Path:
-    """One row per primary endpoint: each unit's value (dots), the mean and its 95 % t-interval (bar), the null
-    (dashed); the endpoints that survive Holm are marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    primaries = [(n, e) for n, e in results["endpoints"].items() if e["primary"]]
-    figure, axes = plt.subplots(len(primaries), 1, figsize=(7.5, 1.1 * len(primaries) + 0.6), squeeze=False)
-    for axis, (name, entry) in zip(axes[:, 0], primaries):
-        values = [v for v in entry["per_unit"] if v is not None]
-        axis.scatter(values, [0] * len(values), s=14, color="0.4", zorder=3)
-        if entry["ci95"]:
-            axis.errorbar([entry["mean"]], [0], xerr=[[entry["mean"] - entry["ci95"][0]], [entry["ci95"][1] -
-                          entry["mean"]]], fmt="o", color="C3" if entry["survives_holm"] else "C0", capsize=4)  # fmt: skip
-        axis.axvline(entry.get("null", 0.0), color="0.5", linestyle="--", linewidth=0.8)
-        mark = f" ({SHOWN}: survives Holm)" if entry["survives_holm"] else f" ({NOT_SHOWN} after Holm's correction)"
-        axis.set_title(name + mark, fontsize=8, loc="left")
-        axis.set_yticks([])
-        axis.tick_params(labelsize=7)
-    return save_figure(figure, path)
-
-
-def update_figures(results_dir: Path = RESULTS_DIR) -> list[Path]:
-    """Redraw every protocol-2 result's primaries figure from its JSON."""
-    written = []
-    for path in results_paths(results_dir):
-        results = json.loads(path.read_text())
-        if results.get("plan_sha256"):
-            written.append(plot_primaries(results, results_dir / f"{results['experiment']}-primaries.png"))
-    return written
-
-
-if __name__ == "__main__":
-    update_results_page()
-    update_figures()
-    update_readme()

@@ -56,7 +56,7 @@ from kinfolk.lab.world.skills import NOISE_MIXES, RESPONSE_KINDS, SKILLS, pool_l
 from kinfolk.lab.world.training import lab_trainer, save_model, single_threaded
 from kinfolk.stats import auc, effective_sample_size, pearson, spearman
 
-FORMULA_NAMES = ("ratio", "algorithm1", "influence")  # kinfolk.trainers.atlantis.FORMULAS, without the import cost
+FORMULA_NAMES = ("ratio", "algorithm1", "influence")  # kinfolk.plugins.atlantis.FORMULAS, without the import cost
 CELLS = ("pd-both", "pd-wrong", "pd-off_format", "pr", "mix")
 TRAINING_CELLS = ("pr", "pd-both")
 REFERENCE_SHARE_IN_MIX = 0.5
@@ -132,9 +132,9 @@ def make_pool(family: Family, cell: str, n: int, draw: int) -> Dataset:
 
 def score_pool(family: Family, pool: Dataset, cell: str) -> Dataset:
     """a, b, c (and the large instruct model's log-prob) per row, then the log of the cell's estimand."""
-    from kinfolk.trainers.atlantis import score_dataset
-    from kinfolk.trainers.atlantis.config import ScoreConfig
-    from kinfolk.trainers.atlantis.scoring import score_model
+    from kinfolk.plugins.atlantis import score_dataset
+    from kinfolk.plugins.atlantis.config import ScoreConfig
+    from kinfolk.plugins.atlantis.scoring import score_model
 
     models = {name: str(path) for name, path in family.models.items()}
     scored = score_dataset(
@@ -189,7 +189,7 @@ def weight_diagnostics(weights: np.ndarray, estimand: np.ndarray, kinds: np.ndar
 
 def diagnose(scored: Dataset, temperatures: list[float]) -> dict[str, dict[str, float]]:
     """`weight_diagnostics` for every formula × normalisation × temperature, keyed "formula/normalisation/T"."""
-    from kinfolk.trainers.atlantis import FORMULAS, NORMALIZATIONS, compute_weights
+    from kinfolk.plugins.atlantis import FORMULAS, NORMALIZATIONS, compute_weights
 
     estimand = np.exp(np.asarray(scored[LOG_ESTIMAND], dtype=np.float64))
     kinds = np.asarray(scored["kind"])
@@ -266,7 +266,7 @@ def train_and_score(
 
 
 def formula_weights(scored: Dataset, formula: str, settings: AtlantisSettings, temperature: float) -> np.ndarray:
-    from kinfolk.trainers.atlantis import compute_weights
+    from kinfolk.plugins.atlantis import compute_weights
 
     return np.asarray(
         compute_weights(scored, formula=formula, normalization=settings.normalization, temperature=temperature)[

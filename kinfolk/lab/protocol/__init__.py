@@ -7,37 +7,58 @@ units and runs, resumable, refusing runs of another plan), `family_runs` (experi
 per-family records), `reanalysis` (experiments over an earlier version's committed records), `sentences` (what each
 primary's claim lets the results say, from its plan or an addendum written after the results), `claims` (processes
 started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME plan|run|analyse` does).
-`EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
+`EXPERIMENTS` lists every experiment, by name, with the import path of its class (so listing them imports nothing
+heavy) and the question it answers:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
 ['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
  'real-boomerang-compute', 'real-boomerang-controls']
->>> get_experiment("atlas").name
-'atlas'
+>>> get_experiment("atlas").name, EXPERIMENTS["atlas"].question
+('atlas', 'ATLAS')
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import MAX_PRIMARIES, Plan, PlanError, PlanMismatch, PrimaryEndpoint
 from kinfolk.lab.protocol.records import EndpointValue, RunRecord
 from kinfolk.lab.protocol.views import SelectionView, TestFieldAccess
 
-EXPERIMENTS: dict[str, str] = {
-    "atlantis": "kinfolk.lab.experiments.atlantis.experiment:AtlantisReanalysis",
-    "atlas": "kinfolk.lab.experiments.atlas.experiment:AtlasReanalysis",
-    "adapt": "kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis",
-    "real-boomerang": "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang",
-    "real-boomerang-controls": "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls",
-    "real-boomerang-compute": "kinfolk.lab.experiments.real_boomerang_compute.experiment:RealBoomerangCompute",
-    "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
-    "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
-    "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",
-    "adapt-controls": "kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls",
-    "adapt-frontier": "kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier",
-    "adapt-compute": "kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute",
+
+@dataclass(frozen=True)
+class Registered:
+    """One registered experiment: its class as an import path (`module:Class`, imported only when asked for) and
+    the question it answers (the README and the results page quote only the newest version of each question)."""
+
+    target: str
+    question: str
+
+
+# In the order the README and the results page take the questions.
+EXPERIMENTS: dict[str, Registered] = {
+    "atlantis": Registered("kinfolk.lab.experiments.atlantis.experiment:AtlantisReanalysis", "ATLANTIS"),
+    "atlantis-controls": Registered(
+        "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls", "ATLANTIS"
+    ),
+    "atlas": Registered("kinfolk.lab.experiments.atlas.experiment:AtlasReanalysis", "ATLAS"),
+    "atlas-controls": Registered("kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls", "ATLAS"),
+    "adapt": Registered("kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis", "ADAPT"),
+    "adapt-controls": Registered("kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls", "ADAPT"),
+    "adapt-frontier": Registered("kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier", "ADAPT"),
+    "adapt-compute": Registered("kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute", "ADAPT"),
+    "real-atlas": Registered("kinfolk.lab.experiments.real_atlas.experiment:RealAtlas", "ATLAS, real checkpoint"),
+    "real-boomerang": Registered(
+        "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang", "ADAPT, real checkpoint"
+    ),
+    "real-boomerang-controls": Registered(
+        "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls", "ADAPT, real checkpoint"
+    ),
+    "real-boomerang-compute": Registered(
+        "kinfolk.lab.experiments.real_boomerang_compute.experiment:RealBoomerangCompute", "ADAPT, real checkpoint"
+    ),
 }
 
 
@@ -45,7 +66,7 @@ def get_experiment(name: str) -> type[Experiment]:
     """The experiment class registered under `name`."""
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}: {', '.join(sorted(EXPERIMENTS))}")
-    module, attribute = EXPERIMENTS[name].split(":")
+    module, attribute = EXPERIMENTS[name].target.split(":")
     return getattr(importlib.import_module(module), attribute)
 
 
@@ -59,6 +80,7 @@ __all__ = [
     "PlanError",
     "PlanMismatch",
     "PrimaryEndpoint",
+    "Registered",
     "RunRecord",
     "SelectionView",
     "TestFieldAccess",

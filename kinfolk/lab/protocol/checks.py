@@ -8,8 +8,8 @@ numbers are recomputed with the functions that wrote them (`kinfolk.stats` as `a
 Two kinds of results file are told apart by their keys:
 
 - **protocol results** (`units`, `per_unit`; written by `runner.results`) answer to every rule in `RULES`;
-- **protocol-1 results** (`families`, `per_family`; written by `kinfolk.lab.replication` before experiments had
-  plans) are legacy records, kept only in `docs/results/legacy/`. They answer to the rules that protocol had:
+- **protocol-1 results** (`families`, `per_family`; written by version 1's runners, before experiments had plans:
+  docs/lab.md names the last commit that holds them) are legacy records, kept only in `docs/results/legacy/`. They answer to the rules that protocol had:
   at least five units, each unit's value the mean of its runs, and intervals that their per-unit values reproduce.
   Their primaries were never capped, tested or corrected, and they have no plan.
 

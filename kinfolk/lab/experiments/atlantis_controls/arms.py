@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from datasets import Dataset
 
-FORMULA_ARMS = ("ratio", "algorithm1")  # weighted by kinfolk.trainers.atlantis.compute_weights
+FORMULA_ARMS = ("ratio", "algorithm1")  # weighted by kinfolk.plugins.atlantis.compute_weights
 ARMS = ("uniform", *FORMULA_ARMS, "a-only", "filter", "oracle")
 
 
@@ -38,8 +38,8 @@ def filtered_rows(scored: Dataset, fraction: float) -> np.ndarray:
 def training_rows(scored: Dataset, arm: str, value: float) -> tuple[np.ndarray, np.ndarray]:
     """The rows an arm trains on and their weights (mean 1 over those rows); `value` is the arm's grid value
     (a temperature; the kept fraction for `filter`; unused for `uniform`, whose grid is the learning rate)."""
-    from kinfolk.trainers.atlantis import WeightConfig, compute_weights
-    from kinfolk.trainers.atlantis.weights import stabilize
+    from kinfolk.plugins.atlantis import WeightConfig, compute_weights
+    from kinfolk.plugins.atlantis.weights import stabilize
 
     every = np.arange(len(scored))
     if arm == "uniform":

@@ -7,18 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kinfolk.figures import pyplot, save_figure
 from kinfolk.lab.methods.selection import drift
 
 
 def plot_curves(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Drift (geometric mean of the retained sources' KL, log axis) against the test code gain, every method's run
     in every seed; the untrained step 0 (gain 0, drift at the floor) is left out of the log axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from kinfolk.lab.demo.plots import save_figure
+    plt = pyplot()
 
     methods = list(records[0]["runs"])
     colours = dict(zip(methods, plt.rcParams["axes.prop_cycle"].by_key()["color"]))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kinfolk.lab.demo.plots import plot_families, save_figure
+from kinfolk.figures import plot_families, pyplot, save_figure
 from kinfolk.lab.methods.adapt.size_curves import ORDERS, size_value
 
 KL_AXIS_FLOOR = 1e-2
@@ -16,12 +16,7 @@ MEASURES = (("nll", "log perplexity (mean over sources)", False), ("kl", "KL(tea
 
 def plot_size_curves(records: Sequence[dict[str, Any]], path: str | Path, arms: Sequence[tuple[str, str]]) -> Path:
     """Every record's `test` curves of each (arm, legend) in `arms`, drawn into the PNG at `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(len(MEASURES), len(ORDERS), figsize=(9, 6.5), squeeze=False)
+    figure, axes = pyplot().subplots(len(MEASURES), len(ORDERS), figsize=(9, 6.5), squeeze=False)
     for column, order in enumerate(ORDERS):
         depths = [point["depth"] for point in records[0]["test"][arms[0][0]][order]]
         for row, (measure, axis_label, geometric) in enumerate(MEASURES):

@@ -65,9 +65,9 @@ def accuracy(problems: Dataset, responses: list[str]) -> float:
 
 
 def churn(problems: Dataset, frozen: list[str], current: list[str]) -> dict[str, int]:
-    """Answer content against the frozen model's (`kinfolk.callbacks.churn`): C changed, F correct → wrong,
+    """Answer content against the frozen model's (`kinfolk.drift.churn`): C changed, F correct → wrong,
     G wrong → correct, W wrong → other wrong; `correct` = the frozen model's correct answers (F's opportunities)."""
-    from kinfolk.callbacks.churn import Outcome, churn_counts
+    from kinfolk.drift.churn import Outcome, churn_counts
 
     def outcomes(responses: list[str]) -> dict[int, Outcome]:
         return {

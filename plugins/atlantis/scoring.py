@@ -10,7 +10,7 @@ the full result.
 
 >>> import tempfile
 >>> from kinfolk.testing import TinyKit, prompt_completion_dataset
->>> from kinfolk.trainers.atlantis import ScoreConfig
+>>> from kinfolk.plugins.atlantis import ScoreConfig
 >>> kit = TinyKit(tempfile.mkdtemp())
 >>> scores = score_model(prompt_completion_dataset(4), kit.model_dir("llama"), "small_base",
 ...                      ScoreConfig(use_cache=False))
@@ -39,21 +39,21 @@ from kinfolk import console
 from kinfolk.atomic import fingerprint
 from kinfolk.errors import EmptyDatasetError, ScoringError, option, option_name
 from kinfolk.logprobs import label_log_probs, pad_right
-from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
-from kinfolk.trainers.atlantis.batching import (
+from kinfolk.plugins.atlantis.batching import (
     chunk_plan,
     chunk_token_budget,
     chunks_for_process,
     token_budget_batches,
 )
-from kinfolk.trainers.atlantis.cache import (
+from kinfolk.plugins.atlantis.cache import (
     ScoreCache,
     dataset_fingerprint,
     default_cache_dir,
     model_fingerprint,
     template_fingerprint,
 )
-from kinfolk.trainers.atlantis.config import ScoreConfig
+from kinfolk.plugins.atlantis.config import ScoreConfig
+from kinfolk.tokens import IGNORE_INDEX, DatasetFormatError, dataset_type, sft_arguments, sft_tokenize
 
 logger = logging.getLogger(__name__)
 

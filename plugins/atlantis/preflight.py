@@ -7,7 +7,7 @@ even loads the dataset.
 
 >>> import tempfile
 >>> from kinfolk.testing import TinyKit
->>> from kinfolk.trainers.atlantis import ScoreConfig
+>>> from kinfolk.plugins.atlantis import ScoreConfig
 >>> family = TinyKit(tempfile.mkdtemp()).family("llama")
 >>> try:
 ...     check_scoring_inputs({"large_base": family["large_base"]}, ScoreConfig(formula="ratio"))
@@ -25,8 +25,8 @@ from transformers import PretrainedConfig
 from kinfolk.atomic import check_destination, check_writable
 from kinfolk.errors import ModelInputError
 from kinfolk.inputs import check_model
-from kinfolk.trainers.atlantis.cache import default_cache_dir
-from kinfolk.trainers.atlantis.config import ROLES, ScoreConfig
+from kinfolk.plugins.atlantis.cache import default_cache_dir
+from kinfolk.plugins.atlantis.config import ROLES, ScoreConfig
 
 
 def needed_roles(config: ScoreConfig) -> list[str]:

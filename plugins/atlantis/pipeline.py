@@ -27,8 +27,7 @@ from accelerate import PartialState
 from datasets import Dataset
 
 from kinfolk.errors import EmptyDatasetError, option
-from kinfolk.tokens import DatasetFormatError, response_bytes, response_text
-from kinfolk.trainers.atlantis.config import (
+from kinfolk.plugins.atlantis.config import (
     RESPONSE_BYTES_COLUMN,
     ROLES,
     ScoreConfig,
@@ -36,10 +35,11 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.preflight import check_scoring_inputs
-from kinfolk.trainers.atlantis.scoring import ModelScores, ScoringError, process_state, score_model, text_columns
-from kinfolk.trainers.atlantis.selection import ifd_scores, response_only_dataset, select_top_fraction
-from kinfolk.trainers.atlantis.weights import compute_weights
+from kinfolk.plugins.atlantis.preflight import check_scoring_inputs
+from kinfolk.plugins.atlantis.scoring import ModelScores, ScoringError, process_state, score_model, text_columns
+from kinfolk.plugins.atlantis.selection import ifd_scores, response_only_dataset, select_top_fraction
+from kinfolk.plugins.atlantis.weights import compute_weights
+from kinfolk.tokens import DatasetFormatError, response_bytes, response_text
 
 logger = logging.getLogger(__name__)
 

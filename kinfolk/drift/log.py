@@ -1,4 +1,5 @@
-"""`drift.jsonl`: one JSON object per line in a run's output directory, appended by kinfolk's callbacks.
+"""`drift.jsonl`: one JSON object per line in a run's output directory, appended by kinfolk's callbacks, and a
+run's (target, drift) curve read from it (`load_run`).
 
 Rows carry `step` and one of: retained-KL measurements (`retained_kl`, ...), lm-eval scores
 (`lm_eval/<task>/<metric>`), churn (`churn/<task>/...`), or a checkpoint event (`checkpoint`); docs/measurement.md
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kinfolk.drift.matching import Run
 from kinfolk.inputs import read_json_lines
 
 DRIFT_FILE = "drift.jsonl"
@@ -57,3 +59,8 @@ def steps(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     for row in rows:
         merged.setdefault(row["step"], {}).update(row)
     return dict(sorted(merged.items()))
+
+
+def load_run(method: str, seed: str, path: str | Path, target: str, kl: str = "retained_kl") -> Run:
+    """Checkpoints of a run directory (or drift.jsonl file) that carry both the target and the KL."""
+    return Run.from_steps(method, str(seed), str(path), steps(read_rows(path)), target, kl)

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from datasets import Dataset
 
-from kinfolk.tokens import DatasetFormatError
-from kinfolk.trainers.atlantis.config import (
+from kinfolk.plugins.atlantis.config import (
     FORMULAS,
     RESPONSE_BYTES_COLUMN,
     WeightConfig,
@@ -30,7 +29,8 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.pareto import pareto_smooth
+from kinfolk.plugins.atlantis.pareto import pareto_smooth
+from kinfolk.tokens import DatasetFormatError
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
-from kinfolk.atomic import atomic_file, write_json
-from kinfolk.stats import effective_sample_size, quantiles, spearman
-from kinfolk.tokens import DatasetFormatError, response_text
-from kinfolk.trainers.atlantis.config import (
+from kinfolk.atomic import write_json
+from kinfolk.figures import pyplot, save_figure
+from kinfolk.plugins.atlantis.config import (
     FORMULAS,
     RESPONSE_BYTES_COLUMN,
     ROLES,
@@ -34,12 +33,14 @@ from kinfolk.trainers.atlantis.config import (
     resolve_config,
     tokens_column,
 )
-from kinfolk.trainers.atlantis.weights import (
+from kinfolk.plugins.atlantis.weights import (
     column_array,
     normalized_log_prob,
     required_columns,
     weights_from_scores,
 )
+from kinfolk.stats import effective_sample_size, quantiles, spearman
+from kinfolk.tokens import DatasetFormatError, response_text
 
 REPORT_NAME = "weights_report.json"
 HISTOGRAM_NAME = "weights_hist.png"
@@ -209,22 +210,13 @@ def write_report(
     directory = Path(directory)
     written = [write_json(directory / f"{prefix}{REPORT_NAME}", _jsonable(report))]
     if weights is not None:
-        import matplotlib  # a core dependency, imported here to keep it off the start-up path
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axes = plt.subplots(figsize=(6, 4))
+        figure, axes = pyplot().subplots(figsize=(6, 4))
         axes.hist(np.asarray(weights), bins=60, color="tab:blue")
         axes.axvline(1.0, color="black", linestyle="--", linewidth=1)
         axes.set_xlabel("weight")
         axes.set_ylabel("rows")
         axes.set_title(f"ATLANTIS weights (ESS/N {report['ess_over_n']:.3f})")
-        figure.tight_layout()
-        with atomic_file(directory / f"{prefix}{HISTOGRAM_NAME}", mode="wb") as handle:
-            figure.savefig(handle, format="png", dpi=100)
-        plt.close(figure)
-        written.append(directory / f"{prefix}{HISTOGRAM_NAME}")
+        written.append(save_figure(figure, directory / f"{prefix}{HISTOGRAM_NAME}"))
     return written
 
 

@@ -14,13 +14,13 @@ from kinfolk.lazy import lazy_exports
 
 # imported when one of their names is first asked for (`kinfolk.lazy`)
 _EXPORTS = {
-    "kinfolk.trainers.atlantis.config": ("FORMULAS", "NORMALIZATIONS", "ROLES", "ScoreConfig", "WeightConfig"),
-    "kinfolk.trainers.atlantis.diagnostics": ("compare_weights", "format_report", "weight_report", "write_report"),
-    "kinfolk.trainers.atlantis.pipeline": ("reweight_dataset", "score_dataset"),
-    "kinfolk.trainers.atlantis.preflight": ("check_scoring_inputs",),
-    "kinfolk.trainers.atlantis.scoring": ("ModelScores", "ScoringError", "score_model"),
-    "kinfolk.trainers.atlantis.selection": ("ifd_scores", "select_top_fraction"),
-    "kinfolk.trainers.atlantis.weights": ("compute_weights",),
+    "kinfolk.plugins.atlantis.config": ("FORMULAS", "NORMALIZATIONS", "ROLES", "ScoreConfig", "WeightConfig"),
+    "kinfolk.plugins.atlantis.diagnostics": ("compare_weights", "format_report", "weight_report", "write_report"),
+    "kinfolk.plugins.atlantis.pipeline": ("reweight_dataset", "score_dataset"),
+    "kinfolk.plugins.atlantis.preflight": ("check_scoring_inputs",),
+    "kinfolk.plugins.atlantis.scoring": ("ModelScores", "ScoringError", "score_model"),
+    "kinfolk.plugins.atlantis.selection": ("ifd_scores", "select_top_fraction"),
+    "kinfolk.plugins.atlantis.weights": ("compute_weights",),
 }
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
