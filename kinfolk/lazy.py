@@ -30,6 +30,10 @@ def lazy_exports(
 
     tests/test_layering.py reads the modules of this mapping as imports of the package (layers and circles)."""
     owner = {name: module for module, names in exports.items() for name in names}
+    # importing submodule `package.x` sets the package's attribute `x` to it, over an exported `x`
+    shadowed = sorted(set(owner) & {module.rpartition(".")[2] for module in exports})
+    if shadowed:
+        raise ValueError(f"{package} exports {', '.join(shadowed)}, the name of its own submodule")
 
     def __getattr__(name: str) -> object:
         if name not in owner:

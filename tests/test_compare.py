@@ -27,8 +27,8 @@ from sft_helpers import CPU_FP32
 
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.commands import main
-from kinfolk.compare import verdicts
 from kinfolk.compare.runs import CompareRuns
+from kinfolk.compare.verdicts import verdicts
 from kinfolk.drift import Run
 from kinfolk.drift.levels import gain_level
 from kinfolk.testing import build_model, prompt_completion_dataset

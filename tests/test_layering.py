@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from kinfolk.lazy import lazy_exports
+
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"kinfolk": "kinfolk", "plugins": "kinfolk.plugins", "trainers": "kinfolk.trainers",
            "callbacks": "kinfolk.callbacks", "eval_tasks": "kinfolk.eval_tasks"}  # fmt: skip
@@ -251,3 +253,10 @@ def test_no_experiment_imports_another_or_a_private_name_of_another_module(name)
             continue
         wrong += [f"line {node.lineno}: {t}" for t in targets if mine and experiment_of(t) not in (None, mine)]
     assert not wrong, f"{name} imports another experiment or another module's private name: {wrong}"
+
+
+def test_a_lazily_exported_name_cannot_be_its_own_submodule():
+    # `from kinfolk.compare import verdicts` gave the function until `kinfolk.compare.verdicts` was imported, then
+    # the module: the order tests ran in decided which
+    with pytest.raises(ValueError, match=r"kinfolk\.example exports verdicts, the name of its own submodule"):
+        lazy_exports("kinfolk.example", {"kinfolk.example.verdicts": ("Verdict", "verdicts")})

@@ -24,7 +24,7 @@ EXPORTS = {
     "kinfolk.compare.analysis": ("Analysis", "analyse"),
     "kinfolk.compare.grid": ("RunKey", "RunRecord", "check_settings", "read_record", "run_grid", "run_keys"),
     "kinfolk.compare.selection": ("RateChoice", "choose_rate"),
-    "kinfolk.compare.verdicts": ("Verdict", "verdicts"),
+    "kinfolk.compare.verdicts": ("Verdict",),  # not `verdicts`: the submodule of that name would shadow it
 }
 __getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 __all__ = sorted(name for names in EXPORTS.values() for name in names)
