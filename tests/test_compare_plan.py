@@ -151,6 +151,11 @@ def test_choices_read_validation_and_verdicts_read_test_with_holm_by_hand(planne
         assert verdict["line"].split(": ", 1)[1].startswith("not shown (" if holm[p] >= 0.05 else f"{side} shown (")
         assert f"Holm p {holm[p]:.3g}" in verdict["line"]
     assert "| atlas | code |" in (planned / "report" / "report.md").read_text()
+    # the matched-gain sub-report reads the drift the verdicts read: test drifts, at the validation target's levels
+    matched = json.loads((planned / "report" / "drift-atlas" / "report.json").read_text())
+    atlas = next(summary for summary in matched["methods"] if summary["method"] == "atlas")
+    for requirement, drift in zip(matched["requirements"], atlas["drift_by_requirement"]):
+        assert drift == pytest.approx(geometric_mean([test_drift("atlas", s, requirement) for s in SEEDS]))
 
 
 # --- a grid shared by processes ------------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ class Analysis:
     sources: list[SourceRow] = field(default_factory=list)
     reached: dict[str, float | None] = field(default_factory=dict)  # per method: the share of the gain it reaches
     edge_warnings: list[str] = field(default_factory=list)  # chosen rates at their grid's end (`grid_edge`)
+    # with a test split: each chosen run's test drift by step, keyed by (method, seed) as `verdicts` pairs them
+    test_drifts: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
 
     @property
     def selection_fraction(self) -> float:
@@ -81,6 +83,17 @@ class Analysis:
     def chosen_runs(self) -> list[Run]:
         """The runs at each method's chosen rate, methods in grid order."""
         return at_chosen_rates(self.runs, self.choices)
+
+    def judged_runs(self) -> list[Run]:
+        """The chosen runs as the verdicts read them: each checkpoint's validation target (where a level is
+        reached) with the drift of the verdicts' split (the test drift at that step, when there is a test split)."""
+        if not self.test_drifts:
+            return self.chosen_runs()
+        return [
+            Run(run.method, run.seed, run.path, [(step, target, self.test_drifts[run.method, run.seed][step])
+                                                 for step, target, _ in run.checkpoints])
+            for run in self.chosen_runs()
+        ]  # fmt: skip
 
 
 def at_chosen_rates(runs: Mapping[RunKey, Run], choices: Sequence[RateChoice]) -> list[Run]:
@@ -121,8 +134,9 @@ def analyse(
     split = VALIDATION if test is None else TEST
     reached = {c.method: reached_fraction([r for r in chosen if r.method == c.method], selection) for c in choices}
     edges = [edge_warning(c.method, RATES_OPTION, c.rate, list(by_rate[c.method])) for c in choices]
+    test_drifts = {key: {step: drift for step, _, drift in curve.checkpoints} for key, curve in (tested or {}).items()}
     return Analysis(baseline, selection, RULE, choices, levels, judged, dict(runs), split, planned, rows, reached,
-                    [edge for edge in edges if edge])  # fmt: skip
+                    [edge for edge in edges if edge], test_drifts)  # fmt: skip
 
 
 def source_rows(

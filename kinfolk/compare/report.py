@@ -9,7 +9,8 @@
 - `report.json`: the same numbers (`Analysis`, the churn), with every run's folder;
 - `compare.png`, `curves.png` and their axis limits in `figures.json` (`kinfolk.compare.figures`);
 - `drift-<method>/`: for every method but the baseline, `kinfolk drift`'s matched-gain report of the chosen runs
-  (that method against each other one) at the report levels, the ones every chosen run reaches.
+  (that method against each other one) at the report levels, the ones every chosen run reaches, on the drift the
+  verdicts read (`Analysis.judged_runs`: the test split's where there is one).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def write_report(analysis: Analysis, out: str | Path, about: Sequence[str], targ
 def drift_reports(analysis: Analysis, target: str) -> dict:
     """`kinfolk.drift.target_matched` of the chosen runs for every method but the baseline, at the report levels
     every chosen run reaches (none when there is no such level)."""
-    chosen = analysis.chosen_runs()
+    chosen = analysis.judged_runs()
     levels = sorted({verdict.level for verdict in analysis.verdicts if verdict.outcome != NOT_REACHED})
     reached = [level for level in levels if all(run.drift_at(level).drift is not None for run in chosen)]
     if not reached:
@@ -174,7 +175,15 @@ def report_markdown(analysis: Analysis, about: Sequence[str], matched: Sequence[
     lines.append("")
     if matched:
         reports = ", ".join(f"`drift-{method}/report.md`" for method in matched)
-        lines += [f"Matched-gain reports of the chosen runs, at the levels every one reaches: {reports}.", ""]
+        where = (
+            "drift on the validation rows"
+            if analysis.split == "validation"
+            else ("levels found on the validation target, drift read on the test rows, as the verdicts read it")
+        )
+        lines += [
+            f"Matched-gain reports of the chosen runs, at the levels every one reaches ({where}): {reports}.",
+            "",
+        ]
     else:
         lines += ["No matched-gain report: no verdict level is reached by every chosen run.", ""]
     lines += source_table(analysis)

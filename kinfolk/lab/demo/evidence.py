@@ -14,8 +14,8 @@ newer one has replaced.
 >>> row = EvidenceRow("ATLAS", "atlas-controls", "3", "reverse: atlas vs lora", "lora", -0.59, (-1.21, 0.04),
 ...                   0.0155, 0.028, False, 0.30, 5, "family", "Not shown in the lab's families.", False)
 >>> row.line()  # doctest: +NORMALIZE_WHITESPACE
-"atlas-controls v3 (5 families): reverse: atlas vs lora -0.590 [-1.210, +0.040] (0.0155 vs 0.028), not shown after
- Holm: Not shown in the lab's families. (sentence written after the results)"
+"atlas-controls v3 (5 families): reverse: atlas vs lora -0.590 [-1.210, +0.040] (0.0155 vs 0.028): Not shown in
+ the lab's families. †"
 """
 
 from __future__ import annotations
@@ -103,13 +103,13 @@ class EvidenceRow:
         return self.claim if self.claim_before_results else f"{self.claim} {AFTER_MARK}"
 
     def line(self) -> str:
-        """The row in one line of text (the demo's headline)."""
+        """The row in one line of text (the demo's headline): the claim's sentence is chosen by the outcome, so it
+        says the verdict; without one, the verdict is said instead."""
         absolute = f" ({self.absolute})" if self.absolute else ""
-        said = self.claim or NO_CLAIM
-        after = "" if self.claim_before_results or self.claim is None else " (sentence written after the results)"
+        said = self.sentence if self.claim else f"{self.verdict} after Holm {NO_CLAIM}"
         return (
             f"{self.label} ({self.units} {PLURALS.get(self.unit_kind, self.unit_kind)}): {self.endpoint} "
-            f"{self.interval}{absolute}, {self.verdict} after Holm: {said}{after}"
+            f"{self.interval}{absolute}: {said}"
         )
 
 

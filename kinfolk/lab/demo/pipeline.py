@@ -340,7 +340,7 @@ def run_demo(
     console.show(
         textwrap.fill(
             "An effect is claimed only where a primary endpoint over 5 families survives Holm's correction: "
-            "docs/results.md.",
+            "docs/results.md († a sentence written after the results).",
             console.WIDTH,
         )
     )
