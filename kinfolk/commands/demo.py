@@ -60,6 +60,5 @@ def main(argv: list[str] | None = None) -> int:
     except FamilyBelowThreshold as error:
         print(f"kinfolk demo: {error}", file=sys.stderr)
         return 1
-    print(f"report: {out / 'report.md'}")
-    print(f"the libraries' output: {out / LOG_FILE}")
+    print(f"report: {out / 'report.md'} (the libraries' output: {LOG_FILE} beside it)")
     return 0

@@ -43,7 +43,6 @@ from kinfolk.lab.world.skills import HELD_OUT, RETAINED, TARGET
 from kinfolk.plugins.atlantis.config import WeightConfig
 
 RESULTS_FILE = "results.json"
-REPORT_FILE = "report.md"
 
 
 @dataclass
@@ -277,7 +276,7 @@ def lm_eval_stage(family: Family, config: DemoConfig, out: Path, say: Progress) 
     models = {name: family.models[name] for name in ("large_base", "large_instruct")}
     models.update({path.name: path for path in sorted((out / "models").iterdir())})
     results = {}
-    say(f"lm-eval: kinfolk_lab_* tasks on {len(models)} models ({', '.join(models)})")
+    say(f"lm-eval: kinfolk_lab_* tasks on the two large models and the {len(models) - 2} trained above")
     for name, path in console.bar(iterable=models.items(), total=len(models), desc="lm-eval", disable=not say.enabled):
         results[name] = evaluate_with_lm_eval(load_saved(path), tokenizer, limit=config.lm_eval_limit)
     return results
@@ -302,7 +301,6 @@ def run_demo(
     out = check_destination(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     say = Progress(progress)
-    say(f"building or loading the {'quick ' if config.quick else ''}lab family")
     family = family or build_family(
         config.family_config(), cache_dir=cache_dir, progress=progress, allow_failed=allow_failed_family
     )
@@ -332,14 +330,14 @@ def run_demo(
     results["seconds"]["total"] = round(time.perf_counter() - say.start, 1)
     write_json(out / RESULTS_FILE, results)
     write_report(results, out)
-    say(f"done: {out / REPORT_FILE}")
+    say("done")  # the command names the report last
     if family.warning():
         console.show(family.warning())
     console.show(headline_table(results))
-    console.show("These numbers are one family and one run of each method: a reading of this run, not an effect.")
     console.show(
         textwrap.fill(
-            "An effect is claimed only where a primary endpoint over 5 families survives Holm's correction: "
+            "These numbers are one family and one run of each method: a reading of this run, not an effect. An "
+            "effect is claimed only where a primary endpoint over 5 families survives Holm's correction: "
             "docs/results.md († a sentence written after the results).",
             console.WIDTH,
         )

@@ -358,6 +358,8 @@ def build_family(
                 say(f"family found in the cache: {root}", progress)
                 return _refuse_if_failed(cached, allow_failed)
             say(f"models found in the cache: {root}; re-scoring them for new checks", progress)
+        else:
+            say(f"building the lab family in {root}", progress)
         with single_threaded():
             family = _build(config, root, progress, force)
     return _refuse_if_failed(family, allow_failed)
