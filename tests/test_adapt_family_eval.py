@@ -100,6 +100,39 @@ def test_heldout_perplexity_over_every_size_feeds_route(family, tmp_path, capsys
         assert float(text) == pytest.approx(losses[size], rel=1e-2)
 
 
+def test_chat_rows_without_levels_carry_the_prompt_the_rater_reads(family, tmp_path, capsys):
+    # the eval's next: line for rows without levels says --difficulty rating, which reads each row's `prompt`
+    data, outcomes = tmp_path / "chat.jsonl", tmp_path / "outcomes.jsonl"
+    asks = {str(i): f"say {_words(i, 2)}" for i in range(1, 9)}
+    chats = [
+        [{"role": "user", "content": ask}, {"role": "assistant", "content": _words(int(i), 4)}]
+        for i, ask in asks.items()
+    ]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for chat in chats))
+    argv = ["eval", "--family", family, "--outcomes", outcomes, "--heldout", data, "--device", "cpu"]
+    assert main([str(a) for a in argv]) == 0
+    rows = _read(outcomes)
+    assert {row["id"]: row["prompt"] for row in rows} == asks and all(row.get("level") is None for row in rows)
+    (next_line,) = [line for line in capsys.readouterr().err.splitlines() if "; next: kinfolk route" in line]
+    assert "--difficulty rating --rater MODEL" in next_line
+    # routed by labels it has none of, route says which option rates the prompts instead
+    assert (
+        main([str(a) for a in ["route", "--outcomes", outcomes, "--models_dir", family, "--out", tmp_path / "x"]]) == 2
+    )
+    assert (
+        "row 1 has no level (the difficulty label); to rate each prompt instead pass --difficulty rating --rater MODEL"
+        in (capsys.readouterr().err)
+    )
+    argv = ["route", "--outcomes", outcomes, "--models_dir", family, "--out", tmp_path / "routing", "--score", "loss",
+            "--difficulty", "rating", "--rater", family / "k0"]  # fmt: skip
+    assert main([str(a) for a in argv]) == 0
+    written = json.loads((tmp_path / "routing" / "routing.json").read_text())
+    for size in SIZES:
+        test_rows = [row for row in rows if row["model"] == size and row["split"] == "test"]
+        loss = sum(row["nll"] / row["scored_tokens"] for row in test_rows) / len(test_rows)
+        assert -written["fixed"][size]["accuracy"] == pytest.approx(loss)
+
+
 TASK_YAML = """task: levelled_choice
 dataset_path: json
 dataset_kwargs:

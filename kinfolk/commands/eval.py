@@ -51,7 +51,6 @@ from kinfolk.eval_tasks.execution import ALLOW_ENV
 from kinfolk.hints import suggest
 from kinfolk.inputs import check_model, is_local_path, read_json
 
-RATING_HINT = f"{suggest('--difficulty rating', 'route')} {suggest('--rater', 'route')}"  # the next: line's
 LOSS_HINT = suggest("--score loss", "route")
 
 if TYPE_CHECKING:  # the library is imported where --family runs: it loads transformers
@@ -301,6 +300,7 @@ def heldout_options(lm_eval_argv: list[str]) -> argparse.Namespace:
 def evaluate_family(options: EvalArguments, lm_eval_argv: list[str]) -> int:
     """--family: every size on the task (or --heldout file), its outcomes written to --outcomes."""
     from kinfolk.plugins.adapt import family_eval
+    from kinfolk.plugins.adapt.outcomes import RATING_HINT
 
     if not options.outcomes:
         raise InputError("--family needs --outcomes (the .jsonl file `kinfolk route` reads)")

@@ -8,8 +8,9 @@ A family is a folder of sizes, each a model folder (`kinfolk merge patch --all` 
   on that example (`acc`, `exact_match`, ...), `tokens` what its requests ran through the size (context and
   continuation of every option of a multiple-choice question; context and generated answer of a generation), and
   `prompt` the first request's context;
-- held-out perplexity on a local file (`heldout_outcomes`): `text` rows, or `prompt` and `completion` (only the
-  completion scored), tokenised as `SFTTrainer` would (`kinfolk.tokens.sft_tokenize`). `nll` is the example's
+- held-out perplexity on a local file (`heldout_outcomes`): `text` rows, `prompt` and `completion` (only the
+  completion scored) or `messages`, tokenised as `SFTTrainer` would (`kinfolk.tokens.sft_tokenize`), with
+  `rated_prompt` as the `prompt` (a chat row's turns before its answer). `nll` is the example's
   summed negative log-likelihood over its `scored_tokens`, and `correct` = exp(−nll / scored_tokens), the geometric
   mean probability of its tokens: a continuous score in (0, 1], higher for the better size, that route's accuracy
   thresholds (0 … 1) apply to as they do to 0/1 correctness.
@@ -136,6 +137,27 @@ def chat_template_note(data: str | Path) -> str:
     )
 
 
+def rated_prompt(row: dict[str, Any], kind: str) -> str:
+    """What `kinfolk route --difficulty rating` shows its rater of a held-out row: a text row's text, a prompt as
+    written, or a conversation's turns before its last answer (each turn's content on its own line).
+
+    >>> rated_prompt({"messages": [{"role": "user", "content": "Spell 42"}, {"role": "assistant", "content": "four two"}]},
+    ...              "conversational")
+    'Spell 42'
+    >>> rated_prompt({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Hello"}]},
+    ...              "prompt-completion")
+    'Hi'
+    """
+    if kind == "language modeling":
+        return row["text"]
+    if kind == "prompt-completion":
+        turns = row["prompt"]
+    else:
+        answers = [index for index, turn in enumerate(row["messages"]) if turn.get("role") == "assistant"]
+        turns = row["messages"][: answers[-1]] if answers else row["messages"]
+    return turns if isinstance(turns, str) else "\n".join(str(turn["content"]) for turn in turns)
+
+
 def heldout_outcomes(
     sizes: Sequence[Size],
     data: str | Path,
@@ -167,7 +189,7 @@ def heldout_outcomes(
         repeated = next(example for example in ids if ids.count(example) > 1)
         raise DatasetFormatError(f"{data}: id {repeated!r} names two rows", path=data)
     levels = example_levels(rows, level_field, [f"{data}: row {number}" for number in range(1, len(rows) + 1)])
-    prompts = [row.get("prompt") if kind == "prompt-completion" else row.get("text") for row in rows]
+    prompts = [rated_prompt(row, kind) for row in rows]
     outcomes = []
     for size in sizes:
         tokenizer = AutoTokenizer.from_pretrained(size.path)  # each size's own: a family may differ in tokenizer

@@ -17,6 +17,7 @@ from typing import Any
 
 from kinfolk.atomic import atomic_directory, check_destination, write_json
 from kinfolk.errors import DatasetFormatError, EmptyDatasetError, InputError, MissingInputError
+from kinfolk.hints import suggest
 from kinfolk.inputs import check_model
 from kinfolk.plugins.adapt.cost import model_cost
 from kinfolk.plugins.adapt.routing import POLICIES, SCORE_SCALES, Outcomes, frontier, plot_frontier
@@ -26,6 +27,7 @@ SPLITS = ("calibration", "test")
 DIFFICULTY_SOURCES = ("labels", "rating")
 REQUIRED = ("split", "id", "model", "tokens")
 SCORE_COLUMNS = {"correct": ("correct",), "loss": ("nll", "scored_tokens")}  # what each --score reads
+RATING_HINT = f"{suggest('--difficulty rating', 'route')} {suggest('--rater', 'route')}"
 RATING_TEMPLATE = "Rate the difficulty of this problem from 1 (easiest) to 5 (hardest).\n{prompt}\nDifficulty: "
 RATING_LABELS = ("1", "2", "3", "4", "5")
 
@@ -54,6 +56,8 @@ def read_outcomes(path: str, difficulty: str, score: str = "correct") -> dict[st
             return DatasetFormatError(f"{path}: row {number} {problem}", path=path)
 
         missing = [name for name in needed if row.get(name) is None]
+        if missing == ["level"]:  # outcomes without difficulty labels: the rater can judge each prompt instead
+            raise refuse(f"has no level (the difficulty label); to rate each prompt instead pass {RATING_HINT} MODEL")
         if missing:
             raise refuse(f"has no {', '.join(missing)}")
         if row["split"] not in splits:
