@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -70,6 +71,7 @@ class RetainedKLCallback(MeasuredAtSteps):
         measure_at_start: also measure before the first step (0 for an identity-initialised adapter).
         measure_from_layer: run only the layers from the first changed one where that is exact (see above);
             False: full forwards.
+        at_steps: also measure at these optimiser steps (`kinfolk.callbacks.schedule.geometric_steps`).
     """
 
     def __init__(
@@ -89,12 +91,13 @@ class RetainedKLCallback(MeasuredAtSteps):
         metric_name: str = "retained_kl",
         measure_at_start: bool = False,
         measure_from_layer: bool = True,
+        at_steps: Collection[int] | None = None,
     ):
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-        super().__init__(every_n_steps, measure_at_start)
+        super().__init__(every_n_steps, measure_at_start, at_steps)
         self.trainer = trainer
         self.positions = positions
         self.reference_model = reference_model

@@ -47,6 +47,7 @@ def run_comparison(args: CompareArguments, prog: str) -> Analysis | None:
             args.levels,
             test=test,
             sources={key: curve.sources for key, curve in curves.items()},
+            nll={key: curve.nll for key, curve in curves.items()} if args.retained_nll else None,
             planned=plan is not None,
         )
         mode = EXPLORATORY if plan is None else plan.describe()

@@ -94,6 +94,20 @@ class CompareArguments:
     eval_steps: int = field(
         default=20, metadata={"help": "Measure the target and the retained KL every N steps (and at 0 and the end)."}
     )
+    eval_points: int | None = field(
+        default=None,
+        metadata={
+            "help": "Measure at this many steps spaced geometrically from step 1 to --max_steps (and at 0) instead of "
+            "every --eval_steps: dense where the target rises fast, so each run's curve is read between close points."
+        },
+    )
+    retained_nll: bool = field(
+        default=False,
+        metadata={
+            "help": "Also log each retained source's NLL per token on the split the verdicts read, at every "
+            "measurement: PEFT's forgetting figure (NLL after minus before), reported beside the KL."
+        },
+    )
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training rows per step."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimiser step."})
     max_length: int = field(default=1024, metadata={"help": "Rows are cut to this many tokens (training, measuring)."})
@@ -183,13 +197,13 @@ class CompareArguments:
                              f"{self.selection_fraction}")  # fmt: skip
         counts = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "rank", "atlas_regions",
                   "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads",
-                  "churn_tokens")  # fmt: skip
+                  "churn_tokens", "eval_points")  # fmt: skip
         for name in counts:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.churn_prompts < 0:
             raise ValueError(f"--churn_prompts must be 0 (none) or more, got {self.churn_prompts}")
-        if self.max_steps < 1 or not 1 <= self.eval_steps <= self.max_steps:
+        if self.max_steps < 1 or (self.eval_points is None and not 1 <= self.eval_steps <= self.max_steps):
             raise ValueError(f"need 1 <= --eval_steps <= --max_steps, got {self.eval_steps} and {self.max_steps}")
         if self.metric is not None and self.lm_eval_task is not None:
             raise ValueError("--metric and --lm_eval_task each set the target metric: give one")

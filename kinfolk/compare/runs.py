@@ -17,6 +17,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
@@ -25,8 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
+from kinfolk.callbacks.schedule import geometric_steps
 from kinfolk.callbacks.target_metric import (
     TargetMetricCallback,
+    ValidationNLL,
     lm_eval_metric,
     load_metric_function,
     metric_function,
@@ -35,10 +38,11 @@ from kinfolk.callbacks.target_metric import (
 from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.compare.answers import ANSWERS_FILE, AnswersCallback, retained_prompts
 from kinfolk.compare.grid import RunKey, check_settings, run_keys
-from kinfolk.compare.measures import TARGET, TEST, VALIDATION, Curves, append_drift, read_curves, source_keys
+from kinfolk.compare.measures import NLL, TARGET, TEST, VALIDATION, Curves, append_drift, read_curves, source_keys
 from kinfolk.compare.measures import key as key_of
 from kinfolk.compare.methods import METHODS
 from kinfolk.compare.options import CompareArguments
+from kinfolk.compare.plan import NEWER
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
@@ -111,6 +115,9 @@ class CompareRuns:
         )  # one source: fingerprinted as before
         if args.test_split is not None:
             shared["test_split"] = args.test_split
+        for name, unset in NEWER.items():  # fingerprinted where set: runs from before them keep theirs
+            if getattr(args, name) != unset:
+                shared[name] = getattr(args, name)
         return {"method": method, **shared, **{name: getattr(args, name) for name in METHODS[method].settings}}
 
     @property
@@ -200,28 +207,38 @@ class CompareRuns:
             if args.atlas_fit_rows is not None:
                 rows = rows.select(range(min(args.atlas_fit_rows, len(rows))))
             atlas.fit(trainer.model, self.tokenizer, progress=False, retained=rows)
+        at_steps = geometric_steps(args.max_steps, args.eval_points) if args.eval_points else None
+        every = None if at_steps else args.eval_steps
+        schedule = {"every_n_steps": every, "at_steps": at_steps}
         for split in self.splits:
             for source, name in source_keys(list(self.sources), split).items():
                 trainer.add_callback(
                     RetainedKLCallback(
                         trainer,
                         self.kl_rows[split, source],
-                        every_n_steps=args.eval_steps,
                         batch_size=args.measure_batch_size,
                         max_length=args.max_length,
                         metric_name=name,
                         measure_at_start=True,
+                        **schedule,
                     )
                 )
+                if args.retained_nll and split == self.splits[-1]:  # the split the verdicts read
+                    nll = RetainedNLL(validation_nll(self.kl_rows[split, source], self.tokenizer, config,
+                                                     args.max_length, args.measure_batch_size))  # fmt: skip
+                    trainer.add_callback(TargetMetricCallback(trainer, nll, metric_name=key_of(NLL, split, source),
+                                                              **schedule))  # fmt: skip
             rows = self.validation_rows if split == VALIDATION else self.test_rows
             trainer.add_callback(
-                TargetMetricCallback(trainer, self._measure(config, rows), args.eval_steps, key_of(TARGET, split))
+                TargetMetricCallback(
+                    trainer, self._measure(config, rows), metric_name=key_of(TARGET, split), **schedule
+                )
             )
         if args.churn_prompts:  # answer churn beside the KL (kinfolk.compare.answers), on the first retained source
             kl_rows = self.kl_rows[VALIDATION, next(iter(self.sources))]
             prompts = retained_prompts(kl_rows, self.tokenizer, args.churn_prompts)
-            trainer.add_callback(AnswersCallback(trainer, prompts, args.eval_steps, args.churn_tokens,
-                                                 folder / ANSWERS_FILE))  # fmt: skip
+            trainer.add_callback(AnswersCallback(trainer, prompts, every, args.churn_tokens, folder / ANSWERS_FILE,
+                                                 at_steps))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
         trainer.train()
         append_drift(folder, list(self.sources), self.splits)
@@ -242,6 +259,21 @@ class CompareRuns:
         if self.user_metric is not None:
             return metric_function(self.user_metric, list(rows))
         return validation_nll(rows, self.tokenizer, config, args.max_length, args.measure_batch_size)
+
+
+@dataclass(frozen=True, eq=False)
+class RetainedNLL:
+    """The NLL per token of retained rows (`--retained_nll`): `ValidationNLL` (minus it) turned round, over the
+    same fixed batches, so it is measured from the first changed layer too."""
+
+    score: ValidationNLL
+
+    @property
+    def batches(self) -> list:
+        return self.score.batches
+
+    def __call__(self, model, tokenizer=None) -> float:
+        return -self.score(model, tokenizer)
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ QUESTIONS: dict[str, str] = {
     "adapt-frontier": "ADAPT",
     "adapt-compute": "ADAPT",
     "real-atlas": "ATLAS, real checkpoint",
+    "real-atlas-compare": "ATLAS, real checkpoint",
     "real-boomerang": "ADAPT, real checkpoint",
     "real-boomerang-controls": "ADAPT, real checkpoint",
     "real-boomerang-compute": "ADAPT, real checkpoint",

@@ -10,8 +10,8 @@ started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME pla
 `EXPERIMENTS` lists every experiment, by name, as the import path of its class, so listing them imports nothing heavy:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
-['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
- 'real-boomerang-compute', 'real-boomerang-controls']
+['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas',
+ 'real-atlas-compare', 'real-boomerang', 'real-boomerang-compute', 'real-boomerang-controls']
 >>> get_experiment("atlas").name
 'atlas'
 """
@@ -33,6 +33,7 @@ EXPERIMENTS: dict[str, str] = {
     "real-boomerang-controls": "kinfolk.lab.experiments.real_boomerang_controls.experiment:RealBoomerangControls",
     "real-boomerang-compute": "kinfolk.lab.experiments.real_boomerang_compute.experiment:RealBoomerangCompute",
     "real-atlas": "kinfolk.lab.experiments.real_atlas.experiment:RealAtlas",
+    "real-atlas-compare": "kinfolk.lab.experiments.real_atlas_compare.experiment:RealAtlasCompare",
     "atlantis-controls": "kinfolk.lab.experiments.atlantis_controls.experiment:AtlantisControls",
     "atlas-controls": "kinfolk.lab.experiments.atlas_controls.experiment:AtlasControls",
     "adapt-controls": "kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls",
