@@ -27,8 +27,7 @@ def micro(tiny_kit, tmp_path_factory):
     (root / "sonnets.txt").write_text(sonnets)
     settings = RealAtlasCompareSettings(
         model=str(tiny_kit.model_dir("llama")),
-        learning_rates=[1e-1, 1.0],
-        output_kl_rate=1e-1,
+        learning_rates={"lora": [1e-1, 1.0], "atlas": [1e-1, 1.0], "norm_matched": [1.0], "lora_output_kl": [1e-1]},
         output_kl_coefs=[1.0, 3.0],
         output_kl_extensions=1,
         levels=[0.25, 0.5],

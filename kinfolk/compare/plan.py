@@ -29,7 +29,7 @@ from kinfolk.inputs import read_json
 PLAN_FILE = "plan.json"
 UNPLANNED = ("out", "verbose", "threads", "plan")  # where and how loudly it runs: no part of what it finds
 # options added after plans were first written: left out while unset, so those plans keep their hashes
-NEWER = {"eval_points": None, "retained_nll": False}
+NEWER = {"eval_points": None, "retained_nll": False, "method_learning_rates": None}
 
 
 @dataclass(frozen=True)

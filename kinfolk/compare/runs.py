@@ -65,7 +65,7 @@ class CompareRuns:
 
     def __init__(self, args: CompareArguments):
         self.args = args
-        self.keys = run_keys(args.methods, args.learning_rates, args.seeds)
+        self.keys = run_keys(args.methods, args.rate_grid(), args.seeds)
         self.user_metric = load_metric_function(args.metric) if args.metric else None
         self.settings = {method: self._settings(method) for method in args.methods}
         check_settings(self.keys, args.out, self.settings)
@@ -115,8 +115,8 @@ class CompareRuns:
         )  # one source: fingerprinted as before
         if args.test_split is not None:
             shared["test_split"] = args.test_split
-        for name, unset in NEWER.items():  # fingerprinted where set: runs from before them keep theirs
-            if getattr(args, name) != unset:
+        for name in ("eval_points", "retained_nll"):  # fingerprinted where set: runs from before them keep theirs
+            if getattr(args, name) != NEWER[name]:
                 shared[name] = getattr(args, name)
         return {"method": method, **shared, **{name: getattr(args, name) for name in METHODS[method].settings}}
 
@@ -141,10 +141,17 @@ class CompareRuns:
             + ("." if args.test_split is None else f"; every verdict reads the test split `{args.test_split}`."),
             f"Target score (higher is better): {self.target}. Drift: retained KL(frozen || current) per token"
             + ("." if len(self.sources) == 1 else ", the geometric mean over the retained sources."),
-            f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates "
-            f"{', '.join(f'{rate:g}' for rate in args.learning_rates)} x seeds {', '.join(map(str, args.seeds))}; "
-            f"{args.max_steps} steps each, measured at step 0 and every {args.eval_steps} steps.",
-        ]
+            f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates {self._rates()} x seeds "
+            f"{', '.join(map(str, args.seeds))}; {args.max_steps} steps each, measured at step 0 and "
+            + (f"every {args.eval_steps} steps." if args.eval_points is None else
+               f"steps {', '.join(map(str, geometric_steps(args.max_steps, args.eval_points)))}."),
+        ]  # fmt: skip
+
+    def _rates(self) -> str:
+        grid = self.args.rate_grid()
+        if self.args.method_learning_rates is None:
+            return ", ".join(f"{rate:g}" for rate in self.args.learning_rates)
+        return "; ".join(f"{method} " + ", ".join(f"{rate:g}" for rate in rates) for method, rates in grid.items())
 
     @property
     def splits(self) -> list[str]:

@@ -2,8 +2,8 @@
 
 A seed's data are drawn from the pools into data folders (`data.write_seed_data`). Each arm is a planned `kinfolk
 compare` on the seed's data: the main arm (LoRA, ATLAS and its norm-matched control over the rate grid) and one
-arm per Output-KL strength (LoRA against LoRA + Output-KL at Output-KL's rate; its LoRA run is the main arm's,
-copied in). `kinfolk.compare.plan.fix_plan` writes (or checks) each arm's `plan.json` before its runs,
+arm per Output-KL strength (LoRA against LoRA + Output-KL; its LoRA runs are the main arm's, copied in). Each
+method trains at its own rates (compare's `--method_learning_rates`). `kinfolk.compare.plan.fix_plan` writes (or checks) each arm's `plan.json` before its runs,
 `CompareRuns` checks the inputs, and `kinfolk.compare.grid.run_grid` trains and measures each run into
 `work/seed-<seed>/<arm>/runs/<method>/lr-<rate>/seed-<seed>/` with compare's claims, so two processes started
 alike share a seed's runs and each is trained once. Output-KL's strength is chosen on validation
@@ -109,26 +109,28 @@ class RealAtlasCompareRuns:
     # ------------------------------------------------------------------------------------------ arms
     def arm_args(self, seed: int, coef: float | None = None):
         """The `CompareArguments` of one arm of the seed, a planned comparison on the seed's data: the main arm
-        (every method but Output-KL over the rate grid) or, with `coef`, LoRA against LoRA + Output-KL at that
-        strength and Output-KL's rate."""
+        (every method but Output-KL) or, with `coef`, LoRA against LoRA + Output-KL at that strength; each method at
+        its own rates."""
         from kinfolk.compare.options import CompareArguments
 
         s = self.settings
         folder, _ = self.seed_data(seed)
-        main = coef is None
+        methods = [m for m in s.methods if m != OUTPUT_KL] if coef is None else [BASELINE, OUTPUT_KL]
+        own = [f"{m}={','.join(f'{rate:g}' for rate in s.learning_rates[m])}" for m in methods if m != BASELINE]
         return CompareArguments(
             model_name_or_path=str(self.model_dir),
             dataset_name=str(folder / data.TARGET),
             retained_dataset_name=[f"{source}={folder / source}" for source in data.RETAINED],
             out=str(self.work / f"seed-{seed}" / arm_name(coef)),
-            methods=[m for m in s.methods if m != OUTPUT_KL] if main else [BASELINE, OUTPUT_KL],
+            methods=methods,
             baseline=BASELINE,
-            learning_rates=s.learning_rates if main else [s.output_kl_rate],
+            learning_rates=s.learning_rates[BASELINE],
+            method_learning_rates=own,
             seeds=[seed],
             plan=True,
             levels=s.levels,
             selection_fraction=s.selection_fraction,
-            **({} if main else {"output_kl_coef": coef}),
+            **({} if coef is None else {"output_kl_coef": coef}),
             **s.compare_options(),
         )
 
@@ -142,9 +144,9 @@ class RealAtlasCompareRuns:
 
         args = self.arm_args(seed, coef)
         out = Path(args.out)
-        keys = grid.run_keys(args.methods, args.learning_rates, args.seeds)
+        keys = grid.run_keys(args.methods, args.rate_grid(), args.seeds)
         fix_plan(args, out, sum(key.folder(out).exists() for key in keys))
-        if coef is not None and not self._lora_copied(seed, out):
+        if coef is not None and not all(self._lora_copied(key, out) for key in keys if key.method == BASELINE):
             return None
         if any(grid.read_record(key.folder(out)) is None for key in keys):
             stage(f"seed {seed}: {arm_name(coef)}")
@@ -153,11 +155,9 @@ class RealAtlasCompareRuns:
             curves = grid.run_grid(runs.keys, out, runs.settings, args.max_steps, runs.train, runs.load)
         return None if curves is None else {key: key.folder(out) for key in keys}
 
-    def _lora_copied(self, seed: int, out: Path) -> bool:
-        """Copy the main arm's finished LoRA run at Output-KL's rate into the Output-KL arm `out` (False: not
-        finished yet)."""
-        key = grid.RunKey(BASELINE, self.settings.output_kl_rate, seed)
-        source, target = key.folder(self.work / f"seed-{seed}" / arm_name()), key.folder(out)
+    def _lora_copied(self, key: RunKey, out: Path) -> bool:
+        """Copy the main arm's finished LoRA run `key` into the Output-KL arm `out` (False: not finished yet)."""
+        source, target = key.folder(self.work / f"seed-{key.seed}" / arm_name()), key.folder(out)
         if grid.read_record(target) is not None:
             return True
         if grid.read_record(source) is None:

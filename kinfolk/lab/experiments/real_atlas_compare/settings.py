@@ -1,7 +1,7 @@
 """What the real-atlas version 2 plan fixes before its runs: the model, the data draw, and `kinfolk compare`'s
 options for every arm of a seed (an arm is one method at its learning rate, Output-KL once per strength).
 
-Each method's learning rate and Output-KL's first strength grid were fixed by the pilot (seed `PILOT_SEED`, not a
+Each method's learning rates and Output-KL's first strength grid were fixed by the pilot (seed `PILOT_SEED`, not a
 unit; `docs/results/real-atlas-compare.plan.json`'s notes say what it saw). Within a unit, Output-KL's strength is
 chosen on the seed's validation split by compare's rule, and its grid is extended by one step (`kinfolk.compare.
 grid_edge.extended_grid`) while the choice sits on an edge, at most `output_kl_extensions` times.
@@ -32,14 +32,9 @@ class RealAtlasCompareSettings(RealModelSettings):
         default_factory=lambda: ["lora", "atlas", "norm_matched", OUTPUT_KL],
         metadata={"help": "kinfolk compare's methods (its registry's names); the first is the baseline"},
     )
-    learning_rates: list[float] = field(
-        default_factory=lambda: [3e-3, 1e-2],
-        metadata={
-            "help": "compare's --learning_rates for LoRA, ATLAS and its control (each one's chosen on validation)"
-        },
-    )
-    output_kl_rate: float = field(
-        default=3e-3, metadata={"help": "LoRA + Output-KL's learning rate (the pilot's choice for LoRA)"}
+    learning_rates: dict = field(
+        default_factory=lambda: {"lora": [3e-3], "atlas": [1e-2], "norm_matched": [1e-2], OUTPUT_KL: [3e-3]},
+        metadata={"help": "each method's learning-rate grid (compare's --method_learning_rates; the pilot's)"},
     )
     output_kl_coefs: list[float] = field(
         default_factory=lambda: [0.3, 1.0, 3.0],
