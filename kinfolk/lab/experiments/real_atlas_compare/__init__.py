@@ -3,6 +3,6 @@ SmolLM2-135M-Instruct, every run trained and measured by `kinfolk compare`'s cod
 
 Modules: `settings` (what the plan fixes), `data` (each seed's data folders, drawn from the pools), `runs` (one
 seed's arms through compare's plan and grid, Output-KL's strength chosen and its grid extended, the seed's record
-kept), `verdicts` (a seed's verdicts by compare's analysis) and `experiment` (the `Experiment`). Nothing heavy is
-imported here.
+kept), `verdicts` (a seed's verdicts by compare's analysis), `pilot` (the timed pilot seed), `notes` (the plan's
+notes) and `experiment` (the `Experiment`). Nothing heavy is imported here.
 """

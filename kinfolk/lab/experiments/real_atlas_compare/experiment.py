@@ -21,7 +21,8 @@ answers less at all?), against its norm-matched control (is it only a smaller st
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
@@ -33,7 +34,7 @@ from kinfolk.lab.protocol.views import SelectionView
 METHOD = "atlas"
 PRIMARY_FRACTION = 0.5
 NOT_SIGNIFICANT = "not significant after Holm's correction"
-WORDS = {"lora": "LoRA", "norm_matched": "its norm-matched control", OUTPUT_KL: "LoRA + Output-KL"}
+WORDS = {"lora": "LoRA", "norm_matched": "ATLAS's norm-matched control", OUTPUT_KL: "LoRA + Output-KL"}
 
 
 def percent(fraction: float) -> str:
@@ -58,17 +59,18 @@ class RealAtlasCompare(Experiment):
 
     def scope(self) -> str:
         s = self.settings
-        return (f"on SmolLM2-135M-Instruct learning Python code, at {percent(PRIMARY_FRACTION)} of LoRA's gain "
-                f"within {s.max_steps} steps of {s.batch_size} rows ({len(s.seeds)} seeds, {s.held_out_rows} rows "
-                "per retained source and split)")  # fmt: skip
+        return (f"on SmolLM2-135M-Instruct learning Python code, at {percent(PRIMARY_FRACTION)} of LoRA's gain within "
+                f"{s.max_steps} steps of {s.batch_size} rows ({len(s.seeds)} seeds, {s.held_out_rows} test rows per "
+                "retained source)")  # fmt: skip
 
     def claim(self, other: str) -> Claim:
         scope, words = self.scope(), WORDS[other]
         return Claim(
             scope,
-            f"ATLAS moved the retained answers less than {words} at the same gain, {scope}.",
-            f"ATLAS against {words}, retained drift at the same gain: {NOT_SIGNIFICANT}, {scope}.",
-            f"{words[0].upper()}{words[1:]} moved the retained answers less than ATLAS at the same gain, {scope}.",
+            f"An ATLAS adapter drifted less on retained text than {words} at the same gain, {scope}.",
+            f"An ATLAS adapter against {words}, drift on retained text at the same gain: {NOT_SIGNIFICANT}, {scope}.",
+            f"{words[0].upper()}{words[1:]} drifted less on retained text than an ATLAS adapter at the same gain, "
+            f"{scope}.",
         )
 
     def primaries(self) -> list[PrimaryEndpoint]:
@@ -184,6 +186,11 @@ class RealAtlasCompare(Experiment):
                 values[f"reach: {method}"] = EndpointValue(reached)
         values[f"chosen: {OUTPUT_KL} strength"] = EndpointValue(math.log10(coef), grid_edge=selection["grid_edge"])
         return values
+
+    def pilot(self) -> Callable[[], Path | None]:
+        from kinfolk.lab.experiments.real_atlas_compare.pilot import run_pilot
+
+        return lambda: run_pilot(self.settings)
 
     def floor(self, endpoint: str) -> float | None:
         """Under a drift ratio: the largest step-0 (untrained adapter) test drift of the two methods over the kept

@@ -10,7 +10,7 @@ grid_edge.extended_grid`) while the choice sits on an edge, at most `output_kl_e
 >>> settings.methods, settings.output_kl_coefs
 (['lora', 'atlas', 'norm_matched', 'lora_output_kl'], [0.3, 1.0, 3.0])
 >>> settings.compare_options()["eval_points"], settings.compare_options()["max_steps"]
-(8, 64)
+(6, 64)
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ class RealAtlasCompareSettings(RealModelSettings):
     )
     max_steps: int = field(default=64, metadata={"help": "optimiser steps of every run"})
     eval_points: int = field(
-        default=8, metadata={"help": "measured steps after step 0, spaced geometrically (compare's --eval_points)"}
+        default=6, metadata={"help": "measured steps after step 0, spaced geometrically (compare's --eval_points)"}
     )
     batch_size: int = field(default=8, metadata={"help": "training rows per step"})
-    max_length: int = field(default=128, metadata={"help": "tokens per training and measured row"})
+    max_length: int = field(default=96, metadata={"help": "tokens per training and measured row"})
     rank: int = field(default=16, metadata={"help": "rank of LoRA and ATLAS at ATLAS's default placement"})
     held_out_rows: int = field(
         default=64, metadata={"help": "rows per source (target and each retained one) in validation and in test"}
