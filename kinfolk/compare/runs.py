@@ -17,7 +17,6 @@ import contextlib
 import gc
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
 from kinfolk.callbacks.schedule import geometric_steps
 from kinfolk.callbacks.target_metric import (
     TargetMetricCallback,
-    ValidationNLL,
     lm_eval_metric,
     load_metric_function,
     metric_function,
@@ -219,6 +217,7 @@ class CompareRuns:
         schedule = {"every_n_steps": every, "at_steps": at_steps}
         for split in self.splits:
             for source, name in source_keys(list(self.sources), split).items():
+                verdicts_split = split == self.splits[-1]  # `--retained_nll` is logged on the split verdicts read
                 trainer.add_callback(
                     RetainedKLCallback(
                         trainer,
@@ -227,14 +226,10 @@ class CompareRuns:
                         max_length=args.max_length,
                         metric_name=name,
                         measure_at_start=True,
+                        nll_name=key_of(NLL, split, source) if args.retained_nll and verdicts_split else None,
                         **schedule,
                     )
                 )
-                if args.retained_nll and split == self.splits[-1]:  # the split the verdicts read
-                    nll = RetainedNLL(validation_nll(self.kl_rows[split, source], self.tokenizer, config,
-                                                     args.max_length, args.measure_batch_size))  # fmt: skip
-                    trainer.add_callback(TargetMetricCallback(trainer, nll, metric_name=key_of(NLL, split, source),
-                                                              **schedule))  # fmt: skip
             rows = self.validation_rows if split == VALIDATION else self.test_rows
             trainer.add_callback(
                 TargetMetricCallback(
@@ -266,21 +261,6 @@ class CompareRuns:
         if self.user_metric is not None:
             return metric_function(self.user_metric, list(rows))
         return validation_nll(rows, self.tokenizer, config, args.max_length, args.measure_batch_size)
-
-
-@dataclass(frozen=True, eq=False)
-class RetainedNLL:
-    """The NLL per token of retained rows (`--retained_nll`): `ValidationNLL` (minus it) turned round, over the
-    same fixed batches, so it is measured from the first changed layer too."""
-
-    score: ValidationNLL
-
-    @property
-    def batches(self) -> list:
-        return self.score.batches
-
-    def __call__(self, model, tokenizer=None) -> float:
-        return -self.score(model, tokenizer)
 
 
 @contextlib.contextmanager
