@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kinfolk.atomic import atomic_directory
+from kinfolk.errors import OutputExistsError
 from kinfolk.lab.methods.real_corpus import prose_texts
 
 TARGET = "code"
@@ -90,24 +91,28 @@ def write_seed_data(
     chat_row: Callable[[str], dict],
 ) -> dict[str, dict[str, list[str]]]:
     """Write `out/<source>/{train,validation,test}.jsonl` for every pool (the target's and the retained ones) and
-        return the names drawn, by source and split: the target's first `train_rows` training rows (a run reads no more),
-    each retained source's first `fit_rows`. `chat_row(name)` is a chat item's prompt/completion row. Written
-        whole or not at all; an existing folder is kept."""
+    return the names drawn, by source and split: the target's first `train_rows` training rows (a run reads no
+    more), each retained source's first `fit_rows`. `chat_row(name)` is a chat item's prompt/completion row. Written
+    whole or not at all; an existing folder (this seed's, or one another process wrote meanwhile) is kept."""
     drawn = {source: deal(items, seed, held_out) for source, items in pools.items()}
     for source in pools:
         drawn[source]["train"] = drawn[source]["train"][: train_rows if source == TARGET else fit_rows]
     if (out / "drawn.json").is_file():
         return json.loads((out / "drawn.json").read_text())
-    with atomic_directory(out, overwrite=True) as staging:
-        for source, folds in drawn.items():
-            (staging / source).mkdir()
-            for split, names in folds.items():
-                if source == TARGET:
-                    rows = [{"text": pools[source][name]} for name in names]
-                elif source == "chat":
-                    rows = [chat_row(name) for name in names]
-                else:
-                    rows = [{"prompt": "", "completion": pools[source][name]} for name in names]
-                write_rows(staging / source / f"{split}.jsonl", rows)
-        (staging / "drawn.json").write_text(json.dumps(drawn, indent=1) + "\n")
-    return drawn
+    try:
+        with atomic_directory(out) as staging:
+            for source, folds in drawn.items():
+                (staging / source).mkdir()
+                for split, names in folds.items():
+                    if source == TARGET:
+                        rows = [{"text": pools[source][name]} for name in names]
+                    elif source == "chat":
+                        rows = [chat_row(name) for name in names]
+                    else:
+                        rows = [{"prompt": "", "completion": pools[source][name]} for name in names]
+                    write_rows(staging / source / f"{split}.jsonl", rows)
+            (staging / "drawn.json").write_text(json.dumps(drawn, indent=1) + "\n")
+    except (OutputExistsError, OSError):  # another process wrote the same draw first: theirs stands
+        if not (out / "drawn.json").is_file():
+            raise
+    return json.loads((out / "drawn.json").read_text())

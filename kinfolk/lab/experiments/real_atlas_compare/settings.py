@@ -10,7 +10,7 @@ grid_edge.extended_grid`) while the choice sits on an edge, at most `output_kl_e
 >>> settings.methods, settings.output_kl_coefs
 (['lora', 'atlas', 'norm_matched', 'lora_output_kl'], [0.3, 1.0, 3.0])
 >>> settings.compare_options()["eval_points"], settings.compare_options()["max_steps"]
-(6, 64)
+(7, 48)
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ class RealAtlasCompareSettings(RealModelSettings):
     selection_fraction: float = field(
         default=0.5, metadata={"help": "the level Output-KL's strength is chosen at (compare's --selection_fraction)"}
     )
-    max_steps: int = field(default=64, metadata={"help": "optimiser steps of every run"})
+    max_steps: int = field(default=48, metadata={"help": "optimiser steps of every run"})
     eval_points: int = field(
-        default=6, metadata={"help": "measured steps after step 0, spaced geometrically (compare's --eval_points)"}
+        default=7, metadata={"help": "measured steps after step 0, spaced geometrically (compare's --eval_points)"}
     )
     batch_size: int = field(default=8, metadata={"help": "training rows per step"})
     max_length: int = field(default=96, metadata={"help": "tokens per training and measured row"})
