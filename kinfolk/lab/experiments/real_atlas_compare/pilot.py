@@ -1,6 +1,6 @@
 """The pilot of real-atlas version 2: seed `PILOT_SEED` (not a unit), `kinfolk compare`'s whole command on that
-seed's data, on a reduced grid, timed. It ran before the plan with the first design's measuring (rows of 128 tokens,
-8 geometric measuring steps), whose cost the plan then cut; its numbers are in the plan's notes.
+seed's data, on a reduced grid, timed. It ran before the plan with the first design's budget and measuring (64 steps,
+rows of 128 tokens, 8 geometric measuring steps), which the plan then cut; its numbers are in the plan's notes.
 
 `kinfolk lab experiment real-atlas-compare run --pilot` runs it (resuming: kept runs are read back) and writes
 `PILOT_FILE`: per run its rate, seconds, validation curve (step, target, drift) and the seconds each kind of
@@ -17,7 +17,8 @@ from kinfolk.lab.experiments.real_atlas_compare.settings import PILOT_SEED, Real
 
 PILOT_FILE = "pilot.json"  # in the records folder
 PILOT_OUT = "pilot/lora-atlas"  # under the work folder
-PILOT_OPTIONS = {"max_length": 128, "eval_points": 8}  # the first design's measuring
+# the first design's budget and measuring (the plan then cut them; its seed's data kept all 3,630 training rows)
+PILOT_OPTIONS = {"max_steps": 64, "eval_steps": 64, "max_length": 128, "eval_points": 8}
 PILOT_RATES = {"lora": [3e-3], "atlas": [3e-3, 1e-2]}
 
 

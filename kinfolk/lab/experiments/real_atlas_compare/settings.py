@@ -44,7 +44,7 @@ class RealAtlasCompareSettings(RealModelSettings):
         default=2, metadata={"help": "grid steps added at most while the chosen strength sits on an edge"}
     )
     levels: list[float] = field(
-        default_factory=lambda: [0.5, 0.75],
+        default_factory=lambda: [0.25, 0.5, 0.75],
         metadata={"help": "verdict levels, fractions of LoRA's gain (compare's --levels)"},
     )
     selection_fraction: float = field(
@@ -54,7 +54,7 @@ class RealAtlasCompareSettings(RealModelSettings):
     eval_points: int = field(
         default=7, metadata={"help": "measured steps after step 0, spaced geometrically (compare's --eval_points)"}
     )
-    batch_size: int = field(default=8, metadata={"help": "training rows per step"})
+    batch_size: int = field(default=4, metadata={"help": "training rows per step"})
     max_length: int = field(default=96, metadata={"help": "tokens per training and measured row"})
     rank: int = field(default=16, metadata={"help": "rank of LoRA and ATLAS at ATLAS's default placement"})
     held_out_rows: int = field(
