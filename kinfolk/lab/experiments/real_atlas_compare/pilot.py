@@ -19,7 +19,7 @@ PILOT_FILE = "pilot.json"  # in the records folder
 PILOT_OUT = "pilot/lora-atlas"  # under the work folder
 # the first design's budget and measuring (the plan then cut them; its seed's data kept all 3,630 training rows)
 PILOT_OPTIONS = {"max_steps": 64, "eval_steps": 64, "max_length": 128, "eval_points": 8}
-PILOT_RATES = {"lora": [3e-3], "atlas": [3e-3, 1e-2]}
+PILOT_RATES = {"lora": [3e-3], "atlas": [1e-2]}  # version 1's rates, timed (its pilot chose them at this budget)
 
 
 def pilot_args(settings: RealAtlasCompareSettings):
