@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -39,7 +40,15 @@ from datasets import Dataset
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.callbacks.step_log import log_step_metrics
-from kinfolk.divergence import CACHES, DIVERGENCES, FrozenCache, OutputHead, frozen_source, token_divergence
+from kinfolk.divergence import (
+    CACHES,
+    DIVERGENCES,
+    FrozenCache,
+    OutputHead,
+    frozen_source,
+    label_log_probs_from_hidden,
+    token_divergence,
+)
 from kinfolk.drift.log import append_row
 from kinfolk.prefix_cache import MeasuredFromLayer
 from kinfolk.sharding import unsharded_root
@@ -70,6 +79,9 @@ class RetainedKLCallback(MeasuredAtSteps):
         measure_at_start: also measure before the first step (0 for an identity-initialised adapter).
         measure_from_layer: run only the layers from the first changed one where that is exact (see above);
             False: full forwards.
+        at_steps: also measure at these optimiser steps (`kinfolk.callbacks.schedule.geometric_steps`).
+        nll_name: also log the current model's NLL per token on the same positions under this name (PEFT's
+            forgetting figure), from the same forward: one more head projection.
     """
 
     def __init__(
@@ -89,12 +101,14 @@ class RetainedKLCallback(MeasuredAtSteps):
         metric_name: str = "retained_kl",
         measure_at_start: bool = False,
         measure_from_layer: bool = True,
+        at_steps: Collection[int] | None = None,
+        nll_name: str | None = None,
     ):
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-        super().__init__(every_n_steps, measure_at_start)
+        super().__init__(every_n_steps, measure_at_start, at_steps)
         self.trainer = trainer
         self.positions = positions
         self.reference_model = reference_model
@@ -103,6 +117,7 @@ class RetainedKLCallback(MeasuredAtSteps):
         self.divergence = divergence
         self.beta = beta
         self.metric_name = metric_name
+        self.nll_name = nll_name
         tokenizer = processing_class or getattr(trainer, "processing_class", None)
         max_length = max_length or getattr(trainer.args, "max_length", None) or 1024
         sft_args = trainer.args if hasattr(trainer.args, "completion_only_loss") else None
@@ -165,8 +180,9 @@ class RetainedKLCallback(MeasuredAtSteps):
         device = OutputHead.of(model).weight.device
         was_training = model.training
         model.eval()
-        # [divergence sum, tokens, sum of per-context means, contexts, upper-bound sum]
-        totals = torch.zeros(5, dtype=torch.float64, device=device)
+        # [divergence sum, tokens, sum of per-context means, contexts, upper-bound sum, NLL sum]
+        totals = torch.zeros(6, dtype=torch.float64, device=device)
+        head = OutputHead.of(model)
         my_batches = self._my_batches()
         try:
             with torch.no_grad(), self.prefix.active(model, [batch for batch, _ in my_batches]):
@@ -184,6 +200,10 @@ class RetainedKLCallback(MeasuredAtSteps):
                     row_sums, row_counts = result.values.sum(-1).double(), result.mask.sum(-1).double()
                     scored = row_counts > 0
                     bound = 0.0 if result.upper_bound is None else result.upper_bound.double().sum()
+                    nll = 0.0
+                    if self.nll_name is not None:
+                        labels = batch["labels"][:, 1:][result.mask].to(head.weight.device)
+                        nll = -label_log_probs_from_hidden(result.current_hidden, labels, head).sum()
                     totals += weight * torch.stack(
                         [
                             row_sums.sum(),
@@ -191,13 +211,14 @@ class RetainedKLCallback(MeasuredAtSteps):
                             (row_sums[scored] / row_counts[scored]).sum(),
                             scored.sum().double(),
                             torch.as_tensor(bound, dtype=torch.float64, device=device),
+                            torch.as_tensor(nll, dtype=torch.float64, device=device),
                         ]
                     )
         finally:
             model.train(was_training)
         if self.trainer.args.world_size > 1:
             totals = self.trainer.accelerator.reduce(totals, reduction="sum")
-        total, tokens, context_sum, contexts, bound = totals.tolist()
+        total, tokens, context_sum, contexts, bound, nll = totals.tolist()
         measured = {
             self.metric_name: total / max(tokens, 1.0),
             f"{self.metric_name}_context_mean": context_sum / max(contexts, 1.0),
@@ -206,6 +227,8 @@ class RetainedKLCallback(MeasuredAtSteps):
         }
         if isinstance(self.frozen, FrozenCache) and self.frozen.top_k is not None:
             measured[f"{self.metric_name}_upper"] = (total + bound) / max(tokens, 1.0)
+        if self.nll_name is not None:
+            measured[self.nll_name] = nll / max(tokens, 1.0)
         return measured
 
     def measure_step(self, args, state, control) -> None:

@@ -24,7 +24,7 @@ import contextlib
 import importlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ class TargetMetricCallback(MeasuredAtSteps):
         measure_at_start: measure the untouched model before the first step.
         measure_from_layer: a measure with `.batches` runs from the first changed layer where that is exact;
             False: full forwards.
+        at_steps: also measure at these optimiser steps (`kinfolk.callbacks.schedule.geometric_steps`).
     """
 
     def __init__(
@@ -68,8 +69,9 @@ class TargetMetricCallback(MeasuredAtSteps):
         metric_name: str = "target",
         measure_at_start: bool = True,
         measure_from_layer: bool = True,
+        at_steps: Collection[int] | None = None,
     ):
-        super().__init__(every_n_steps, measure_at_start)
+        super().__init__(every_n_steps, measure_at_start, at_steps)
         self.trainer = trainer
         self.measure = measure
         self.metric_name = metric_name

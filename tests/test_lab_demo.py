@@ -15,9 +15,9 @@ from peft import AutoPeftModelForCausalLM
 from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kinfolk.callbacks.schedule import geometric_steps
 from kinfolk.commands.demo import main
 from kinfolk.lab.demo import evidence
-from kinfolk.lab.demo.pipeline import measured_steps
 from kinfolk.lab.demo.report import HEADLINE_WIDTH, headline_table
 from kinfolk.lab.methods.atlantis import accuracy
 from kinfolk.lab.protocol import EXPERIMENTS
@@ -88,7 +88,7 @@ def test_quick_demo_report_matches_its_saved_models(tmp_path, quick_lab_family, 
     # and then at the geometric schedule, on both runs, so the comparison's rise is drawn (or flagged in the report)
     for method in ("atlas", "lora"):
         measured = [step for step, _ in results["atlas"]["target_curve"][method]]
-        assert measured == [0, *measured_steps(results["config"]["adapter_steps"], results["config"]["drift_points"])]
+        assert measured == [0, *geometric_steps(results["config"]["adapter_steps"], results["config"]["drift_points"])]
 
     # lm-eval's exact match on its first `lm_eval_limit` problems (the seed-0 test problems) equals the lab's own
     # greedy accuracy on the same problems

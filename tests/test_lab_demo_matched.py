@@ -6,7 +6,7 @@ from itertools import pairwise
 
 import pytest
 
-from kinfolk.lab.demo.pipeline import measured_steps
+from kinfolk.callbacks.schedule import geometric_steps
 from kinfolk.lab.demo.report import DRAWN_RISE, largest_rise_share, target_matched_text
 
 LEVELS = {"mid": 0.5, "plateau": 0.9}
@@ -69,7 +69,7 @@ def test_largest_rise_share_by_hand(scores, share):
 
 @pytest.mark.parametrize(("steps", "points"), [(600, 40), (600, 12), (40, 8), (5, 8), (1, 3), (1000, 2)])
 def test_measured_steps_run_from_1_to_the_last_step_with_gaps_that_never_shrink(steps, points):
-    chosen = measured_steps(steps, points)
+    chosen = geometric_steps(steps, points)
     assert chosen[0] == 1 and chosen[-1] == steps and len(chosen) == min(points, steps)
     gaps = [b - a for a, b in pairwise(chosen)]
     assert all(gap >= 1 for gap in gaps) and gaps == sorted(gaps)  # dense where a fast rise would be, then wider

@@ -101,3 +101,27 @@ def test_evaluate_before_train_measures_against_the_frozen_model(tmp_path, tiny_
     assert expected > 1e-4  # the random LoRA already moves the model
     assert rows[0]["retained_kl"] == pytest.approx(expected, rel=1e-4)
     assert rows[0]["frozen"] == "disabled adapter"
+
+
+def test_the_nll_beside_the_kl_is_the_full_softmax_nll_of_the_same_tokens(tmp_path, tiny_tokenizer):
+    import torch
+
+    base = build_model("llama", tokenizer=tiny_tokenizer)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    retained = prompt_completion_dataset(5, seed=3)
+    trainer = SFTTrainer(model=model, args=sft_config(tmp_path), train_dataset=prompt_completion_dataset(8),
+                         processing_class=tiny_tokenizer)  # fmt: skip
+    callback = RetainedKLCallback(trainer, retained, batch_size=2, nll_name="retained_nll")
+    measured = callback.measure()
+
+    total = tokens = 0.0
+    model.eval()
+    with torch.no_grad():
+        for ids, labels in zip(*(sft_tokenize(retained, tiny_tokenizer)[k] for k in ("input_ids", "labels"))):
+            log_probs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].double(), -1)
+            for position, label in enumerate(labels[1:]):
+                if label != -100:
+                    total -= float(log_probs[position, label])
+                    tokens += 1
+    assert measured["retained_nll"] == pytest.approx(total / tokens, rel=1e-5)
+    assert measured["retained_kl_tokens"] == tokens

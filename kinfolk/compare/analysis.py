@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kinfolk.compare.forgetting import forgetting_at
 from kinfolk.compare.grid import RunKey
 from kinfolk.compare.grid_edge import edge_warning
 from kinfolk.compare.selection import RULE, RateChoice, choose_rate
@@ -47,6 +48,7 @@ class SourceRow:
     method: str
     source: str
     drifts: list[float | None]
+    forgetting: list[float | None] | None = None  # mean over seeds (`kinfolk.compare.forgetting`); None: not logged
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,13 @@ def analyse(
     test: Mapping[RunKey, Run] | None = None,
     sources: Mapping[RunKey, Mapping[str, Run]] | None = None,
     planned: bool = False,
+    nll: Mapping[RunKey, Mapping[str, Mapping[int, float]]] | None = None,
 ) -> Analysis:
     """Choose each method's rate at the selection level on the validation curves `runs`, then judge every method
     against `baseline` at the chosen rates, level by level: every level on one scale, the baseline's gain over all
     its rates and seeds. `test`: each run's test curve, which the verdicts then read; `sources`: each run's curves
-    per retained source (step, target, that source's KL on the verdicts' split); `planned`: Holm over the verdicts."""
+    per retained source (step, target, that source's KL on the verdicts' split); `planned`: Holm over the verdicts;
+    `nll`: each run's NLL per source and step on the verdicts' split, for the forgetting beside the KL."""
     methods = list(dict.fromkeys(key.method for key in runs))
     by_rate: dict[str, dict[float, list[Run]]] = {method: {} for method in methods}
     for key, run in runs.items():
@@ -130,7 +134,7 @@ def analyse(
     judged = verdicts(chosen, baseline, levels, tested)
     if planned:
         judged = holm_corrected(judged)
-    rows = [] if sources is None else source_rows(runs, sources, choices, levels)
+    rows = [] if sources is None else source_rows(runs, sources, choices, levels, nll)
     split = VALIDATION if test is None else TEST
     reached = {c.method: reached_fraction([r for r in chosen if r.method == c.method], selection) for c in choices}
     edges = [edge_warning(c.method, RATES_OPTION, c.rate, list(by_rate[c.method])) for c in choices]
@@ -144,8 +148,10 @@ def source_rows(
     sources: Mapping[RunKey, Mapping[str, Run]],
     choices: Sequence[RateChoice],
     levels: Sequence[GainLevel],
+    nll: Mapping[RunKey, Mapping[str, Mapping[int, float]]] | None = None,
 ) -> list[SourceRow]:
-    """Each method's drift per retained source at every level, its chosen runs' points found on validation."""
+    """Each method's drift per retained source at every level, its chosen runs' points found on validation; with
+    `nll`, beside it the forgetting (NLL there minus at step 0, mean over the seeds)."""
     rates = {choice.method: choice.rate for choice in choices}
     chosen = [key for key in runs if key.learning_rate == rates[key.method]]
     rows = []
@@ -157,5 +163,13 @@ def source_rows(
                 seeds_geometric_mean([runs[key].drift_at(level.value, kls[key]).drift for key in keys])
                 for level in levels
             ]
-            rows.append(SourceRow(method, source, drifts))
+            logged = nll is not None and all(source in nll.get(key, {}) for key in keys)
+            forgetting = [_mean([forgetting_at(runs[key], level.value, nll[key][source]) for key in keys])
+                          for level in levels] if logged else None  # fmt: skip
+            rows.append(SourceRow(method, source, drifts, forgetting))
     return rows
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """The mean, or None when a value is missing (a seed that never reached the level)."""
+    return None if not values or None in values else sum(values) / len(values)

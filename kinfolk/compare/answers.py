@@ -20,7 +20,7 @@ is the mean of its seeds' counts, said with the steps it was read at.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice, pairwise
 from pathlib import Path
@@ -68,10 +68,12 @@ def greedy_answers(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
 
 
 class AnswersCallback(MeasuredAtSteps):
-    """At step 0 and every `every_n_steps` (and the end), append the prompts' greedy answers to `path`."""
+    """At step 0, every `every_n_steps` or at `at_steps`, and at the end, append the prompts' greedy answers to
+    `path`."""
 
-    def __init__(self, trainer, prompts: list[list[int]], every_n_steps: int, max_new_tokens: int, path: Path):
-        super().__init__(every_n_steps=every_n_steps, measure_at_start=True)
+    def __init__(self, trainer, prompts: list[list[int]], every_n_steps: int | None, max_new_tokens: int, path: Path,
+                 at_steps: Collection[int] | None = None):  # fmt: skip
+        super().__init__(every_n_steps=every_n_steps, measure_at_start=True, at_steps=at_steps)
         self.trainer, self.prompts, self.max_new_tokens, self.path = trainer, prompts, max_new_tokens, Path(path)
 
     def measure_step(self, args, state, control) -> None:

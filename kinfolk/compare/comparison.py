@@ -31,7 +31,7 @@ def run_comparison(args: CompareArguments, prog: str) -> Analysis | None:
         import torch
 
         torch.set_num_threads(args.threads)
-    keys = grid.run_keys(args.methods, args.learning_rates, args.seeds)
+    keys = grid.run_keys(args.methods, args.rate_grid(), args.seeds)
     plan = fix_plan(args, out, sum(key.folder(out).exists() for key in keys))  # before any model loads
     runs = CompareRuns(args)  # every input checked before any model loads
     keep(f"every finished run under {out / grid.RUNS_FOLDER} (its run.json); the rerun trains only the others")
@@ -47,6 +47,7 @@ def run_comparison(args: CompareArguments, prog: str) -> Analysis | None:
             args.levels,
             test=test,
             sources={key: curve.sources for key, curve in curves.items()},
+            nll={key: curve.nll for key, curve in curves.items()} if args.retained_nll else None,
             planned=plan is not None,
         )
         mode = EXPLORATORY if plan is None else plan.describe()

@@ -98,9 +98,13 @@ def settings_changed(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> lis
     ]
 
 
-def run_keys(methods: Sequence[str], learning_rates: Sequence[float], seeds: Sequence[int]) -> list[RunKey]:
-    """Every (method, rate, seed), methods in the order given, then rates, then seeds."""
-    return [RunKey(method, float(rate), int(seed)) for method in methods for rate in learning_rates for seed in seeds]
+def run_keys(
+    methods: Sequence[str], learning_rates: Sequence[float] | Mapping[str, Sequence[float]], seeds: Sequence[int]
+) -> list[RunKey]:
+    """Every (method, rate, seed), methods in the order given, then rates, then seeds; `learning_rates` one grid
+    for all, or each method's own."""
+    grid = learning_rates if isinstance(learning_rates, Mapping) else dict.fromkeys(methods, learning_rates)
+    return [RunKey(method, float(rate), int(seed)) for method in methods for rate in grid[method] for seed in seeds]
 
 
 def read_record(folder: str | Path) -> RunRecord | None:

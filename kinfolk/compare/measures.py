@@ -13,14 +13,14 @@ any compare run's drift under the one key.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kinfolk.drift import Run
 from kinfolk.drift.levels import sources_drift
 from kinfolk.drift.log import append_row, load_run, read_rows, steps
 
-TARGET, KL = "target", "retained_kl"
+TARGET, KL, NLL = "target", "retained_kl", "retained_nll"  # NLL: a source's NLL per token (`--retained_nll`)
 VALIDATION, TEST = "validation", "test"
 
 
@@ -36,12 +36,14 @@ def source_keys(sources: Sequence[str], split: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Curves:
-    """One run's checkpoints (step, target, drift): on validation, on test (None without a test split), and per
-    retained source (step, target, that source's KL) on the split the verdicts read."""
+    """One run's checkpoints (step, target, drift): on validation, on test (None without a test split), per
+    retained source (step, target, that source's KL) on the split the verdicts read, and there each source's NLL per
+    token by step (`--retained_nll`; empty without it)."""
 
     validation: Run
     test: Run | None
     sources: dict[str, Run]
+    nll: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def append_drift(folder: Path, sources: Sequence[str], splits: Sequence[str]) -> None:
@@ -64,4 +66,7 @@ def read_curves(method: str, seed: int, folder: Path, sources: Sequence[str], te
     }
     validation = load_run(method, str(seed), folder, key(TARGET), key(KL))
     tested = load_run(method, str(seed), folder, key(TARGET, TEST), key(KL, TEST)) if test else None
-    return Curves(validation, tested, by_source)
+    rows = steps(read_rows(folder))
+    nll = {source: {step: row[key(NLL, verdict_split, source)] for step, row in rows.items()
+                    if key(NLL, verdict_split, source) in row} for source in sources}  # fmt: skip
+    return Curves(validation, tested, by_source, {source: steps_ for source, steps_ in nll.items() if steps_})

@@ -58,6 +58,13 @@ class CompareArguments:
         default_factory=lambda: [1e-4, 3e-4, 1e-3],
         metadata={"help": "Learning rates tried for every method; each method's own is chosen on validation."},
     )
+    method_learning_rates: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "A method's own learning-rate grid instead of --learning_rates, as METHOD=RATE[,RATE...] (one "
+            "value per method; ATLAS's filters damp its update, so it often learns at larger rates than LoRA)."
+        },
+    )
     seeds: list[int] = field(
         default_factory=lambda: [0, 1, 2, 3, 4],
         metadata={"help": "Seeds of every (method, rate); a verdict needs 5 for an interval."},
@@ -93,6 +100,20 @@ class CompareArguments:
     max_steps: int = field(default=200, metadata={"help": "Optimiser steps of every run."})
     eval_steps: int = field(
         default=20, metadata={"help": "Measure the target and the retained KL every N steps (and at 0 and the end)."}
+    )
+    eval_points: int | None = field(
+        default=None,
+        metadata={
+            "help": "Measure at this many steps spaced geometrically from step 1 to --max_steps (and at 0) instead of "
+            "every --eval_steps: dense where the target rises fast, so each run's curve is read between close points."
+        },
+    )
+    retained_nll: bool = field(
+        default=False,
+        metadata={
+            "help": "Also log each retained source's NLL per token on the split the verdicts read, at every "
+            "measurement: PEFT's forgetting figure (NLL after minus before), reported beside the KL."
+        },
     )
     per_device_train_batch_size: int = field(default=8, metadata={"help": "Training rows per step."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimiser step."})
@@ -178,18 +199,22 @@ class CompareArguments:
             raise ValueError(f"--methods needs the baseline and at least one other method, got {self.methods}")
         if not all(rate > 0 for rate in self.learning_rates):
             raise ValueError(f"--learning_rates must be positive, got {self.learning_rates}")
+        own = self._own_rates()
+        if not set(own) <= set(self.methods) or not all(r > 0 for rates in own.values() for r in rates):
+            raise ValueError(f"--method_learning_rates: each value is METHOD=RATE[,RATE...], a method of --methods "
+                             f"with positive rates, got {self.method_learning_rates}")  # fmt: skip
         if not all(0 < fraction <= 1 for fraction in (*self.levels, self.selection_fraction)):
             raise ValueError(f"--levels and --selection_fraction are fractions in (0, 1], got {self.levels} and "
                              f"{self.selection_fraction}")  # fmt: skip
         counts = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "rank", "atlas_regions",
                   "atlas_directions", "measure_batch_size", "atlas_fit_rows", "lm_eval_limit", "threads",
-                  "churn_tokens")  # fmt: skip
+                  "churn_tokens", "eval_points")  # fmt: skip
         for name in counts:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.churn_prompts < 0:
             raise ValueError(f"--churn_prompts must be 0 (none) or more, got {self.churn_prompts}")
-        if self.max_steps < 1 or not 1 <= self.eval_steps <= self.max_steps:
+        if self.max_steps < 1 or (self.eval_points is None and not 1 <= self.eval_steps <= self.max_steps):
             raise ValueError(f"need 1 <= --eval_steps <= --max_steps, got {self.eval_steps} and {self.max_steps}")
         if self.metric is not None and self.lm_eval_task is not None:
             raise ValueError("--metric and --lm_eval_task each set the target metric: give one")
@@ -200,6 +225,28 @@ class CompareArguments:
         if "output_kl_coef" in regularisers and not self.output_kl_coef > 0:
             raise ValueError(f"--output_kl_coef must be positive for {regularisers['output_kl_coef']}, got "
                              f"{self.output_kl_coef}")  # fmt: skip
+
+    def rate_grid(self) -> dict[str, list[float]]:
+        """Each method's learning rates: its own (`--method_learning_rates`), else `--learning_rates`.
+
+        >>> CompareArguments(model_name_or_path="m", dataset_name="d", retained_dataset_name="r", out="o",
+        ...                  learning_rates=[1e-3], method_learning_rates=["atlas=0.01,0.03"]).rate_grid()
+        {'lora': [0.001], 'atlas': [0.01, 0.03]}
+        """
+        own = self._own_rates()
+        return {method: own.get(method, list(self.learning_rates)) for method in self.methods}
+
+    def _own_rates(self) -> dict[str, list[float]]:
+        own = {}
+        for value in self.method_learning_rates or []:
+            method, _, rates = value.partition("=")
+            try:
+                own[method] = [float(rate) for rate in rates.split(",")]
+            except ValueError:
+                raise ValueError(f"--method_learning_rates: {value!r} is not METHOD=RATE[,RATE...]") from None
+            if len(set(own[method])) != len(own[method]):
+                raise ValueError(f"--method_learning_rates: {value!r} repeats a rate")
+        return own
 
     def retained_sources(self) -> dict[str, str]:
         """Each retained source's name and data path (`NAME=PATH`, or the path's last part as its name).

@@ -28,6 +28,8 @@ from kinfolk.inputs import read_json
 
 PLAN_FILE = "plan.json"
 UNPLANNED = ("out", "verbose", "threads", "plan")  # where and how loudly it runs: no part of what it finds
+# options added after plans were first written: left out while unset, so those plans keep their hashes
+NEWER = {"eval_points": None, "retained_nll": False, "method_learning_rates": None}
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,11 @@ def primaries(args: CompareArguments) -> list[str]:
 
 def settings(args: CompareArguments) -> dict[str, Any]:
     """Every setting that shapes what the comparison finds."""
-    return {name: value for name, value in dataclasses.asdict(args).items() if name not in UNPLANNED}
+    return {
+        name: value
+        for name, value in dataclasses.asdict(args).items()
+        if name not in UNPLANNED and not (name in NEWER and value == NEWER[name])
+    }
 
 
 def fix_plan(args: CompareArguments, out: str | Path, run_folders: int) -> PlanState | None:

@@ -219,12 +219,25 @@ def matched_table(analysis: Analysis, churns: Sequence[LevelChurn]) -> list[str]
 
 def source_table(analysis: Analysis) -> list[str]:
     """report.md's rows per retained source (with more than one): each method's drift on each at every level."""
-    if len({row.source for row in analysis.sources}) < 2:
+    forgetting = any(row.forgetting is not None for row in analysis.sources)
+    if len({row.source for row in analysis.sources}) < 2 and not forgetting:
         return []
     levels = " | ".join(f"{level.fraction:.0%} ({level.value:.4g})" for level in analysis.levels)
     lines = [f"## Drift per retained source ({analysis.split}; geometric mean over the chosen seeds)", ""]
+    if forgetting:
+        lines += ["Each cell: KL, then PEFT's forgetting figure (the source's NLL per token there minus at step 0, "
+                  "mean over the seeds; positive: worse at the retained text).", ""]  # fmt: skip
     lines += [f"| method | source | {levels} |", "|---|---|" + "---|" * len(analysis.levels)]
     for row in analysis.sources:
-        cells = " | ".join("not reached" if drift is None else f"{drift:.4g}" for drift in row.drifts)
+        cells = " | ".join(_source_cell(row, index) for index in range(len(analysis.levels)))
         lines.append(f"| {row.method} | {row.source} | {cells} |")
     return [*lines, ""]
+
+
+def _source_cell(row, index: int) -> str:
+    drift = row.drifts[index]
+    if drift is None:
+        return "not reached"
+    if row.forgetting is None or row.forgetting[index] is None:
+        return f"{drift:.4g}"
+    return f"{drift:.4g}; forgetting {row.forgetting[index]:+.3g}"

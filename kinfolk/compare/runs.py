@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.callbacks.retained_kl import FROZEN_CACHE_FILE
+from kinfolk.callbacks.schedule import geometric_steps
 from kinfolk.callbacks.target_metric import (
     TargetMetricCallback,
     lm_eval_metric,
@@ -35,10 +36,11 @@ from kinfolk.callbacks.target_metric import (
 from kinfolk.commands.sft_atlas_options import AtlasArguments
 from kinfolk.compare.answers import ANSWERS_FILE, AnswersCallback, retained_prompts
 from kinfolk.compare.grid import RunKey, check_settings, run_keys
-from kinfolk.compare.measures import TARGET, TEST, VALIDATION, Curves, append_drift, read_curves, source_keys
+from kinfolk.compare.measures import NLL, TARGET, TEST, VALIDATION, Curves, append_drift, read_curves, source_keys
 from kinfolk.compare.measures import key as key_of
 from kinfolk.compare.methods import METHODS
 from kinfolk.compare.options import CompareArguments
+from kinfolk.compare.plan import NEWER
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
@@ -61,7 +63,7 @@ class CompareRuns:
 
     def __init__(self, args: CompareArguments):
         self.args = args
-        self.keys = run_keys(args.methods, args.learning_rates, args.seeds)
+        self.keys = run_keys(args.methods, args.rate_grid(), args.seeds)
         self.user_metric = load_metric_function(args.metric) if args.metric else None
         self.settings = {method: self._settings(method) for method in args.methods}
         check_settings(self.keys, args.out, self.settings)
@@ -111,6 +113,9 @@ class CompareRuns:
         )  # one source: fingerprinted as before
         if args.test_split is not None:
             shared["test_split"] = args.test_split
+        for name in ("eval_points", "retained_nll"):  # fingerprinted where set: runs from before them keep theirs
+            if getattr(args, name) != NEWER[name]:
+                shared[name] = getattr(args, name)
         return {"method": method, **shared, **{name: getattr(args, name) for name in METHODS[method].settings}}
 
     @property
@@ -134,10 +139,17 @@ class CompareRuns:
             + ("." if args.test_split is None else f"; every verdict reads the test split `{args.test_split}`."),
             f"Target score (higher is better): {self.target}. Drift: retained KL(frozen || current) per token"
             + ("." if len(self.sources) == 1 else ", the geometric mean over the retained sources."),
-            f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates "
-            f"{', '.join(f'{rate:g}' for rate in args.learning_rates)} x seeds {', '.join(map(str, args.seeds))}; "
-            f"{args.max_steps} steps each, measured at step 0 and every {args.eval_steps} steps.",
-        ]
+            f"{len(self.keys)} runs: methods {', '.join(args.methods)} x learning rates {self._rates()} x seeds "
+            f"{', '.join(map(str, args.seeds))}; {args.max_steps} steps each, measured at step 0 and "
+            + (f"every {args.eval_steps} steps." if args.eval_points is None else
+               f"steps {', '.join(map(str, geometric_steps(args.max_steps, args.eval_points)))}."),
+        ]  # fmt: skip
+
+    def _rates(self) -> str:
+        grid = self.args.rate_grid()
+        if self.args.method_learning_rates is None:
+            return ", ".join(f"{rate:g}" for rate in self.args.learning_rates)
+        return "; ".join(f"{method} " + ", ".join(f"{rate:g}" for rate in rates) for method, rates in grid.items())
 
     @property
     def splits(self) -> list[str]:
@@ -200,28 +212,35 @@ class CompareRuns:
             if args.atlas_fit_rows is not None:
                 rows = rows.select(range(min(args.atlas_fit_rows, len(rows))))
             atlas.fit(trainer.model, self.tokenizer, progress=False, retained=rows)
+        at_steps = geometric_steps(args.max_steps, args.eval_points) if args.eval_points else None
+        every = None if at_steps else args.eval_steps
+        schedule = {"every_n_steps": every, "at_steps": at_steps}
         for split in self.splits:
             for source, name in source_keys(list(self.sources), split).items():
+                verdicts_split = split == self.splits[-1]  # `--retained_nll` is logged on the split verdicts read
                 trainer.add_callback(
                     RetainedKLCallback(
                         trainer,
                         self.kl_rows[split, source],
-                        every_n_steps=args.eval_steps,
                         batch_size=args.measure_batch_size,
                         max_length=args.max_length,
                         metric_name=name,
                         measure_at_start=True,
+                        nll_name=key_of(NLL, split, source) if args.retained_nll and verdicts_split else None,
+                        **schedule,
                     )
                 )
             rows = self.validation_rows if split == VALIDATION else self.test_rows
             trainer.add_callback(
-                TargetMetricCallback(trainer, self._measure(config, rows), args.eval_steps, key_of(TARGET, split))
+                TargetMetricCallback(
+                    trainer, self._measure(config, rows), metric_name=key_of(TARGET, split), **schedule
+                )
             )
         if args.churn_prompts:  # answer churn beside the KL (kinfolk.compare.answers), on the first retained source
             kl_rows = self.kl_rows[VALIDATION, next(iter(self.sources))]
             prompts = retained_prompts(kl_rows, self.tokenizer, args.churn_prompts)
-            trainer.add_callback(AnswersCallback(trainer, prompts, args.eval_steps, args.churn_tokens,
-                                                 folder / ANSWERS_FILE))  # fmt: skip
+            trainer.add_callback(AnswersCallback(trainer, prompts, every, args.churn_tokens, folder / ANSWERS_FILE,
+                                                 at_steps))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
         trainer.train()
         append_drift(folder, list(self.sources), self.splits)

@@ -18,11 +18,14 @@ from kinfolk.tokens import IGNORE_INDEX
 
 @dataclass
 class TokenDivergence:
-    """Per-position divergences (B, T−1), the positions that count, and for a top-k cache an upper bound."""
+    """Per-position divergences (B, T−1), the positions that count, for a top-k cache an upper bound, and the
+    current model's last hidden states at the counted positions (N, H), from which a measurement may also read the
+    labels' likelihood without a second forward."""
 
     values: torch.Tensor
     mask: torch.Tensor
     upper_bound: torch.Tensor | None = None
+    current_hidden: torch.Tensor | None = None
 
     def total(self) -> torch.Tensor:
         return self.values.sum()
@@ -147,4 +150,4 @@ def token_divergence(
     # masked_scatter keeps an all-masked batch connected to the graph (a differentiable zero).
     full = values.new_zeros(mask.shape).masked_scatter(mask, values)
     full_bound = None if bound is None else bound.new_zeros(mask.shape).masked_scatter(mask, bound)
-    return TokenDivergence(full, mask, full_bound)
+    return TokenDivergence(full, mask, full_bound, request.current_hidden)

@@ -75,7 +75,7 @@ class DemoConfig:
         default=40,
         metadata={
             "help": "Checkpoints of each adapter run where retained KL and target score are measured, spaced "
-            "geometrically from step 1 (`measured_steps`), so a rise is drawn whether it takes 10 steps or 100 "
+            "geometrically from step 1 (`kinfolk.callbacks.schedule.geometric_steps`), so a rise is drawn whether it takes 10 steps or 100 "
             "(8 evenly spaced ones left the skill learned between two of them)."
         },
     )
@@ -184,25 +184,8 @@ def atlantis_stage(family: Family, config: DemoConfig, out: Path, say: Progress)
 
 
 # ---------------------------------------------------------------------------------------------------- ATLAS
-def measured_steps(steps: int, points: int) -> list[int]:
-    """`points` steps from 1 to `steps`, spaced geometrically (each gap the ratio that still reaches `steps`, never
-    less than one step): a skill learned within a few steps at a high rate, or over hundreds at a low one, spans
-    several of them.
-
-    >>> measured_steps(600, 12)
-    [1, 2, 4, 7, 12, 21, 37, 65, 113, 197, 344, 600]
-    >>> measured_steps(5, 8)
-    [1, 2, 3, 4, 5]
-    """
-    chosen = [1]
-    while len(chosen) < points and chosen[-1] < steps:
-        left = points - len(chosen)  # gaps still to place
-        ratio = (steps / chosen[-1]) ** (1 / left)
-        chosen.append(min(steps, max(chosen[-1] + 1, round(chosen[-1] * ratio))))
-    return chosen
-
-
 def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) -> dict[str, Any]:
+    from kinfolk.callbacks.schedule import geometric_steps
     from kinfolk.lab.methods.atlas import AtlasSettings, analyse_target, prepare, train_run
 
     tokenizer = family.tokenizer()
@@ -234,7 +217,7 @@ def atlas_stage(family: Family, config: DemoConfig, out: Path, say: Progress) ->
         )
         saved = out / "models" / method
         run = train_run(context, TARGET, method, config.adapter_learning_rate, keep_model=saved, measure_at_start=True,
-                        checkpoint_steps=measured_steps(config.adapter_steps, config.drift_points))  # fmt: skip
+                        checkpoint_steps=geometric_steps(config.adapter_steps, config.drift_points))  # fmt: skip
         results["runs"][method] = run
         results["retained_kl"][method] = [[p["step"], p["test"]["kl"]] for p in run["points"]]
         results["target_curve"][method] = [[p["step"], p["test"]["target"]] for p in run["points"]]

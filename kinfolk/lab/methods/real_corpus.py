@@ -2,7 +2,8 @@
 
 Three sources, all on every machine: technical prose (the standard library's `pydoc_data.topics`), code (the
 standard library's own top-level modules, PSF licence) and chat (instructions made from templates, answered by
-the teacher greedily; its answers are the SFT rows and, on held-out instructions, the measurement). An item's split
+the teacher greedily; its answers are the SFT rows and, on held-out instructions, the measurement). The
+real-atlas experiments add Shakespeare's Sonnets (`prose_texts`) as prose. An item's split
 is a function of its name alone (`heldout`), so every seed measures the same held-out rows; a seed draws which
 training rows it distils on and in what order.
 
@@ -12,12 +13,15 @@ training rows it distils on and in what order.
 (120, ['Write two sentences about the moon.', 'Write two sentences about a river.'])
 >>> len(chat_instructions(264)), len(split(doc_chunks())[1]) >= 64  # version 2's pools
 (264, True)
+>>> sonnets("I\\n  From fairest creatures\\n  we desire increase,\\nII\\n  When forty winters\\nTHE END")
+['From fairest creatures\\n  we desire increase,', 'When forty winters']
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -123,3 +127,16 @@ def training_draw(names: list[str], rows: int, seed: int) -> list[str]:
         rng.shuffle(order)
         drawn += order
     return drawn[:rows]
+
+
+def sonnets(text: str) -> list[str]:
+    """Each sonnet of the Gutenberg text (numbered by Roman numerals on their own lines, ending at THE END)."""
+    pieces = re.split(r"^\s*[IVXLC]+\s*$", text.split("THE END")[0], flags=re.MULTILINE)[1:]
+    return [piece.strip() for piece in pieces if piece.strip()]
+
+
+def prose_texts(path: Path) -> dict[str, str]:
+    """The Sonnets (`make real-models`'s Gutenberg text) by name, `sonnet:N`: the real-atlas experiments' prose."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the Sonnets are not there (run `make real-models`)")
+    return {f"sonnet:{index + 1}": text for index, text in enumerate(sonnets(path.read_text(encoding="utf-8")))}

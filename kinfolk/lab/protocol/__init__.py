@@ -11,8 +11,8 @@ started alike sharing runs) and `actions` (what `kinfolk lab experiment NAME pla
 heavy) and the question it answers:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
-['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas', 'real-boomerang',
- 'real-boomerang-compute', 'real-boomerang-controls']
+['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas',
+ 'real-atlas-compare', 'real-boomerang', 'real-boomerang-compute', 'real-boomerang-controls']
 >>> get_experiment("atlas").name, EXPERIMENTS["atlas"].question
 ('atlas', 'ATLAS')
 """
@@ -50,6 +50,9 @@ EXPERIMENTS: dict[str, Registered] = {
     "adapt-frontier": Registered("kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier", "ADAPT"),
     "adapt-compute": Registered("kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute", "ADAPT"),
     "real-atlas": Registered("kinfolk.lab.experiments.real_atlas.experiment:RealAtlas", "ATLAS, real checkpoint"),
+    "real-atlas-compare": Registered(
+        "kinfolk.lab.experiments.real_atlas_compare.experiment:RealAtlasCompare", "ATLAS, real checkpoint"
+    ),
     "real-boomerang": Registered(
         "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang", "ADAPT, real checkpoint"
     ),

@@ -12,19 +12,16 @@ training rows fit the atlas and feed Output-KL; its validation rows choose check
 True
 >>> sorted({split_of(f"topic:{i}", 0) for i in range(40)})
 ['test', 'train', 'validation']
->>> sonnets("I\\n  From fairest creatures\\n  we desire increase,\\nII\\n  When forty winters\\nTHE END")
-['From fairest creatures\\n  we desire increase,', 'When forty winters']
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kinfolk.lab.methods.real_corpus import chat_instructions, code_texts, doc_texts
+from kinfolk.lab.methods.real_corpus import chat_instructions, code_texts, doc_texts, prose_texts
 
 SPLIT_SHARE = 8  # one item in eight is validation, one in eight test
 RETAINED_SOURCES = ("chat", "prose", "docs")
@@ -35,18 +32,6 @@ def split_of(name: str, seed: int) -> str:
     """`train`, `validation` or `test` for the item called `name` in `seed`'s draw (a module's chunks share one)."""
     bucket = hashlib.sha256(f"{seed}:{name.split('#')[0]}".encode()).digest()[0] % SPLIT_SHARE
     return {0: "validation", 1: "test"}.get(bucket, "train")
-
-
-def sonnets(text: str) -> list[str]:
-    """Each sonnet of the Gutenberg text (numbered by Roman numerals on their own lines, ending at THE END)."""
-    pieces = re.split(r"^\s*[IVXLC]+\s*$", text.split("THE END")[0], flags=re.MULTILINE)[1:]
-    return [piece.strip() for piece in pieces if piece.strip()]
-
-
-def prose_texts(path: Path) -> dict[str, str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: the Sonnets are not there (run `make real-models`)")
-    return {f"sonnet:{index + 1}": text for index, text in enumerate(sonnets(path.read_text(encoding="utf-8")))}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""real-atlas version 2 (`real-atlas-compare`) in micro: a tiny Llama, two seeds through the protocol's runner, every
+run trained and measured by `kinfolk compare`'s code. The primaries' per-seed values are recomputed here by hand
+from the kept `drift.jsonl` files alone (the drift as the sources' geometric mean, the level, the first crossing on
+validation, the test drift interpolated there), and a second run of the seeds trains nothing."""
+
+import json
+import math
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from kinfolk.lab.experiments.real_atlas_compare.experiment import PRIMARY_FRACTION, RealAtlasCompare
+from kinfolk.lab.experiments.real_atlas_compare.settings import RealAtlasCompareSettings
+from kinfolk.lab.protocol.actions import analyse, make_runs, run_keys, write_experiment_plan
+
+SOURCES = ("chat", "prose", "docs")
+ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII")
+
+
+@pytest.fixture(scope="module")
+def micro(tiny_kit, tmp_path_factory):
+    """(the settings, the results) of the micro experiment, its two seeds made and analysed."""
+    root = tmp_path_factory.mktemp("real-atlas-compare")
+    sonnets = "\n".join(f"{number}\n  a line of {number}\n  and more of {number}\n  another\n  the last"
+                        for number in ROMAN) + "\nTHE END\n"  # fmt: skip
+    (root / "sonnets.txt").write_text(sonnets)
+    settings = RealAtlasCompareSettings(
+        model=str(tiny_kit.model_dir("llama")),
+        learning_rates={"lora": [1e-1, 1.0], "atlas": [1e-1, 1.0], "norm_matched": [1.0], "lora_output_kl": [1e-1]},
+        output_kl_coefs=[1.0, 3.0],
+        output_kl_extensions=1,
+        levels=[0.25, 0.5],
+        max_steps=6,
+        eval_points=3,
+        batch_size=2,
+        max_length=24,
+        held_out_rows=4,
+        fit_rows=4,
+        chat_prompts=24,
+        answer_tokens=3,
+        churn_prompts=2,
+        prose_file=str(root / "sonnets.txt"),
+        seeds=[0, 1],
+        work=str(root / "work"),
+        records=str(root / "records"),
+    )
+    experiment = RealAtlasCompare(settings)
+    write_experiment_plan(experiment, root / "results")
+    make_runs(experiment, run_keys(experiment))
+    _, results = analyse(experiment, root / "results", root / "protocol")
+    return settings, results
+
+
+def rows(folder: Path) -> dict[int, dict]:
+    """A drift.jsonl's rows merged by step."""
+    merged: dict[int, dict] = {}
+    for line in (folder / "drift.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        merged.setdefault(row["step"], {}).update(row)
+    return merged
+
+
+def curve(folder: Path, split: str) -> list[tuple[int, float, float]]:
+    """(step, validation target, drift on `split`): the drift the geometric mean of the three sources' KLs."""
+    prefix = "" if split == "validation" else "test/"
+    found = []
+    for step, row in sorted(rows(folder).items()):
+        kls = [max(row[f"{prefix}retained_kl/{source}"], 1e-12) for source in SOURCES]
+        found.append((step, row["target"], math.exp(sum(map(math.log, kls)) / 3)))
+    return found
+
+
+def drift_at(validation, test, level) -> float | None:
+    """The test drift where the validation target first reaches `level` along its running maximum."""
+    envelope = [point for index, point in enumerate(validation) if all(point[1] > p[1] for p in validation[:index])]
+    drifts = {step: drift for step, _, drift in test}
+    for (step_a, target_a, _), (step_b, target_b, _) in pairwise(envelope):
+        if target_a < level <= target_b:
+            f = (level - target_a) / (target_b - target_a)
+            low, high = drifts[step_a], drifts[step_b]
+            if step_a == 0 or low <= 0 or high <= 0:
+                return low + f * (high - low)
+            return math.exp((1 - f) * math.log(low) + f * math.log(high))
+    return drifts[envelope[0][0]] if envelope[0][1] >= level else None
+
+
+def chosen(folders: list[Path], level: float) -> Path:
+    """compare's choice among runs (rates, or Output-KL's strengths), by hand: the least validation drift at
+    `level` among the runs that reach it (ties: the first, the lower value), else the highest best score."""
+    drifts = {f: drift_at(curve(f, "validation"), curve(f, "validation"), level) for f in folders}
+    eligible = [f for f in folders if drifts[f] is not None]
+    if eligible:
+        return min(eligible, key=lambda f: drifts[f])
+    return max(folders, key=lambda f: (max(t for _, t, _ in curve(f, "validation")), -folders.index(f)))
+
+
+def by_hand(settings, seed: int) -> dict[str, float | None]:
+    """Each primary's value for `seed` from its kept drift.jsonl files, every rate and Output-KL's strength chosen
+    here too."""
+    kept = Path(settings.records) / str(seed)
+    value = lambda folder: float(folder.name.split("-", 1)[1])  # noqa: E731
+    runs = {method: sorted((kept / method).glob("lr-*"), key=value) for method in ("lora", "atlas", "norm_matched")}
+    lora = [curve(folder, "validation") for folder in runs["lora"]]
+    start = sum(run[0][1] for run in lora) / len(lora)  # the step-0 score, the same for every rate
+    best = max(max(t for _, t, _ in run) for run in lora)
+    if best <= start:  # LoRA never gained: no level to compare at
+        return dict.fromkeys(("lora", "norm_matched", "lora_output_kl"))
+    selection = start + settings.selection_fraction * (best - start)
+    folder = {method: chosen(folders, selection) for method, folders in runs.items()}
+    folder["lora_output_kl"] = chosen(sorted(kept.glob("lora_output_kl/*/kl-*"), key=value), selection)
+    level = start + PRIMARY_FRACTION * (best - start)
+    test = {m: drift_at(curve(f, "validation"), curve(f, "test"), level) for m, f in folder.items()}
+    return {
+        other: None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other])
+        for other in ("lora", "norm_matched", "lora_output_kl")
+    }
+
+
+def test_the_primaries_recompute_by_hand_from_the_kept_drift_logs(micro):
+    settings, results = micro
+    for index, seed in enumerate(settings.seeds):
+        expected = by_hand(settings, seed)
+        for other, value in expected.items():
+            found = results["endpoints"][f"50%: atlas vs {other}, log drift ratio"]["per_unit"][index]
+            assert (found is None) == (value is None), (seed, other)
+            if value is not None:
+                assert found == pytest.approx(value, abs=1e-6), (seed, other)  # the results round to 6 places
+    assert any(value is not None for seed in settings.seeds for value in by_hand(settings, seed).values())
+
+
+def test_every_run_is_compares_own_planned_run_and_a_rerun_trains_nothing(micro, monkeypatch):
+    settings, _ = micro
+    for seed in settings.seeds:
+        plan = json.loads((Path(settings.work) / f"seed-{seed}" / "main" / "plan.json").read_text())
+        assert plan["preceded_runs"] and plan["settings"]["test_split"] == "test"
+        assert plan["primaries"] == ["atlas vs lora at 25% of lora's gain", "norm_matched vs lora at 25% of lora's "
+                                     "gain", "atlas vs lora at 50% of lora's gain",
+                                     "norm_matched vs lora at 50% of lora's gain"]  # fmt: skip
+    from transformers import Trainer
+
+    monkeypatch.setattr(Trainer, "train", lambda *a, **k: pytest.fail("a kept run was trained again"))
+    experiment = RealAtlasCompare(settings)
+    assert [record["seed"] for record in make_runs(experiment, run_keys(experiment))] == settings.seeds
