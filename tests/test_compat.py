@@ -94,3 +94,21 @@ def test_the_divergence_stand_in_and_its_gradient_match_a_float64_reference(beta
     torch.testing.assert_close(divergence.double(), expected.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(entropy.double(), -(q * q.log()).sum(-1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(current.grad.double(), current64.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_python_on_path_that_does_not_run_gives_way_to_pyenvs_build(tmp_path, monkeypatch):
+    # pyenv puts a shim for every version on PATH; for a version no `pyenv global` selects it exits 127
+    from tools import compat as compat_tool
+
+    shims, home = tmp_path / "shims", tmp_path / "home"
+    shim = shims / "python3.99"
+    build = home / ".pyenv" / "versions" / "3.99.1" / "bin" / "python"
+    for path, code in ((shim, 127), (build, 0)):
+        path.parent.mkdir(parents=True)
+        path.write_text(f"#!/bin/sh\nexit {code}\n")
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", str(shims))
+    monkeypatch.setenv("HOME", str(home))
+    assert compat_tool.find_python("3.99") == str(build)
+    shim.write_text("#!/bin/sh\nexit 0\n")  # a selected version: the one on PATH
+    assert compat_tool.find_python("3.99") == str(shim)

@@ -42,8 +42,11 @@ class Outcome:
 
 
 def find_python(version: str) -> str:
-    """`pythonX.Y` on PATH, else pyenv's newest X.Y build."""
+    """`pythonX.Y` on PATH where it runs, else pyenv's newest X.Y build (pyenv's shim for a version that no
+    `pyenv global`/`local` selects is on PATH but exits 127)."""
     found = shutil.which(f"python{version}")
+    if found is not None and subprocess.run([found, "-c", ""], capture_output=True).returncode != 0:
+        found = None
     builds = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python")))
     if found is None and not builds:
         sys.exit(f"test-compat: error: no Python {version} (neither python{version} on PATH nor pyenv's {version}.*)")
