@@ -167,6 +167,32 @@ def test_model_cost_counts_the_loaded_models_parameters(tiny_kit, architecture):
     assert cost.attention_width == config.num_attention_heads * config.head_dim
 
 
+def test_a_patched_size_with_its_own_head_costs_less_than_the_tied_model_it_is_cut_from(tmp_path):
+    from adapt_helpers import distilled_copy, init_student
+
+    from kinfolk.plugins.adapt import merge
+    from kinfolk.testing import build_model, save_model
+
+    # a vocabulary whose matrix outweighs a block, as in real models, where the defect showed
+    teacher = save_model(build_model("llama", "large", vocab_size=4096, tie_word_embeddings=True), None, tmp_path / "t")
+    student = distilled_copy(init_student(teacher, tmp_path / "init", every=2), tmp_path / "student", None)
+    family = merge({"op": "patch", "teacher": str(teacher), "student": str(student)}, tmp_path / "family",
+                   all_sizes=True, progress=False)  # fmt: skip
+    multiplied = {}
+    for size in ("k1", "k2"):  # k1: the student's embeddings and the teacher's head, untied; k2: the tied teacher
+        model = AutoModelForCausalLM.from_pretrained(family / size)
+        looked_up = model.get_input_embeddings().weight
+        tied = model.get_output_embeddings().weight is looked_up
+        multiplied[size] = sum(p.numel() for p in model.parameters() if tied or p is not looked_up)
+        assert tied == (size == "k2")
+    costs = {size: model_cost(family / size) for size in multiplied}
+    assert costs["k1"].parameters > costs["k2"].parameters  # the stored count has one more vocabulary matrix
+    for size, cost in costs.items():
+        assert cost.of(7, "parameters") == 7 * multiplied[size]
+    assert costs["k1"].of(7, "parameters") < costs["k2"].of(7, "parameters")
+    assert costs["k1"].of(7, "flops") < costs["k2"].of(7, "flops")
+
+
 def test_difficulty_rating_equals_one_unpadded_pass_per_prompt(tiny_kit, tiny_tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_kit.model_dir("llama", "small"))
     labels = ["1", "2", "3", "4", "5"]

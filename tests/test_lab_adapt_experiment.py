@@ -169,7 +169,7 @@ def test_routing_is_the_librarys_frontier_on_the_saved_outcomes(experiment):
             splits.append(Outcomes(
                 tuple(names), [cell[i, names[0]]["level"] for i in ids],
                 [[cell[i, m]["correct"] for m in names] for i in ids],
-                [[costs[m].parameters * cell[i, m]["tokens"] for m in names] for i in ids],
+                [[costs[m].forward_parameters * cell[i, m]["tokens"] for m in names] for i in ids],
             ))  # fmt: skip
         expected = json.loads(json.dumps(frontier(*splits, thresholds=[round(t, 2) for t in np.linspace(0, 1, 51)])))
         assert {key: entry[key] for key in expected} == expected

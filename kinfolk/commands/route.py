@@ -63,7 +63,10 @@ class RouteArguments:
     models_dir: str | None = field(
         default=None, metadata={"help": "Directory the model names live in (default: the names are paths)."}
     )
-    cost: str = field(default="parameters", metadata={"help": f"Cost per token: {' or '.join(COST_KINDS)}."})
+    cost: str = field(
+        default="parameters",
+        metadata={"help": f"Cost per token: {' or '.join(COST_KINDS)} (of the parameters a token multiplies with)."},
+    )
     difficulty: str = field(
         default="labels",
         metadata={"help": "labels (the `level` column) or rating (one forward pass of --rater on `prompt`)."},

@@ -2,14 +2,18 @@
 
 Two measures, both proportional to the tokens an example runs through the model (prompt and response):
 
-- `parameters`: every parameter of the checkpoint × tokens (the paper's x-axis: inference-time parameters);
-- `flops`: forward-pass FLOPs, Kaplan et al. (2020): 2·N per token for the N parameters a token multiplies with (all
-  but the input embedding table; the LM head counts, tied or not), plus 2·n_layers·t·d_attn for attention over the
+- `parameters`: the N parameters a token multiplies with × tokens (the paper's x-axis: inference-time parameters):
+  all but an untied model's input embedding table, which a token only looks up. A tied table is also the LM head and
+  counts once. Counting the looked-up table made a patched size that got its own head dearer than the tied model it
+  was cut from, though it does one block less of the same products;
+- `flops`: forward-pass FLOPs, Kaplan et al. (2020): 2·N per token, plus 2·n_layers·t·d_attn for attention over the
   t positions before it, summed over t = 1..T: 2·N·T + n_layers·d_attn·T·(T + 1).
 
+`ModelCost.parameters` keeps the checkpoint's stored count for the record.
+
 >>> cost = ModelCost(parameters=1000, forward_parameters=900, num_layers=2, attention_width=8)
->>> cost.of(10, "parameters"), cost.of(10, "flops")  # 2·900·10 + 2·8·10·11
-(10000.0, 19760.0)
+>>> cost.of(10, "parameters"), cost.of(10, "flops")  # 900·10; 2·900·10 + 2·8·10·11
+(9000.0, 19760.0)
 """
 
 from __future__ import annotations
@@ -25,15 +29,15 @@ COST_KINDS = ("parameters", "flops")
 
 @dataclass(frozen=True)
 class ModelCost:
-    parameters: int
-    forward_parameters: int
+    parameters: int  # stored in the checkpoint
+    forward_parameters: int  # multiplied by every token: all but an untied model's input embedding table
     num_layers: int
     attention_width: int  # query heads × head dimension
 
     def of(self, tokens: float, kind: str) -> float:
         """The cost of running `tokens` tokens through the model, in `kind` units."""
         if kind == "parameters":
-            return float(self.parameters * tokens)
+            return float(self.forward_parameters * tokens)
         if kind == "flops":
             return float(
                 2 * self.forward_parameters * tokens + self.num_layers * self.attention_width * tokens * (tokens + 1)

@@ -137,7 +137,7 @@ def route_outcomes(
     names = sorted({model for split in splits.values() for _, model in split["rows"]})
     directories = {name: Path(models_dir) / name if models_dir else Path(name) for name in names}
     costs = {name: model_cost(directory, f"--outcomes model {name!r}") for name, directory in directories.items()}
-    models = sorted(names, key=lambda name: (costs[name].parameters, name))  # smallest first
+    models = sorted(names, key=lambda name: (costs[name].forward_parameters, name))  # cheapest first
     carries_loss = all(split["carries_loss"] for split in splits.values())
     result: dict[str, Any] = {"cost": cost, "difficulty": difficulty, "score": score, "carries_loss": carries_loss}
     measured = {}
