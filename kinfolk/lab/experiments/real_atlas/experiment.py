@@ -40,9 +40,10 @@ from kinfolk.lab.experiments.real_atlas.settings import (
     RealAtlasSettings,
 )
 from kinfolk.lab.methods import selection
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue, kept_record
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.shared_seeds import SeedRuns, SharedSeedExperiment
 from kinfolk.lab.protocol.views import SelectionView
 
 METHOD = "atlas"
@@ -67,10 +68,9 @@ def _frozen_nll(record: Mapping[str, Any], method: str) -> dict[str, float]:
     return _at(record, method, 0)["nll"]
 
 
-class RealAtlas(Experiment):
+class RealAtlas(SharedSeedExperiment):
     name = "real-atlas"
     version = "1"
-    unit_kind = "seed"
     settings_class = RealAtlasSettings
 
     def primaries(self) -> list[PrimaryEndpoint]:
@@ -128,12 +128,6 @@ class RealAtlas(Experiment):
             "docs/results/real-atlas-units/pilot.json; fixed in these settings",
         }
 
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = self.make_run(unit, run)
-        if record is None:
-            raise RuntimeError(f"seed {unit}: another process is still running one of its runs; analyse when it ends")
-        return record
-
     def select(self, view: SelectionView) -> dict[str, Any]:
         validation = {method: _points(view, method, "validation") for method in view["runs"]}
         return selection.checkpoints_at_levels(validation, self.settings.gain_levels, BASELINE)
@@ -178,12 +172,10 @@ class RealAtlas(Experiment):
 
     def floor(self, endpoint: str) -> float | None:
         """Under a drift ratio: the largest untrained-adapter drift of the two methods over the kept seeds."""
-        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, record_key
-
         if "drift ratio" not in endpoint and "KL ratio" not in endpoint:
             return None
         other = endpoint.split(" vs ")[1].split(",")[0]
-        records = [kept_record(self.settings.records, record_key(seed), RECORD_VERSION) for seed in self.units()]
+        records = [self.kept(seed) for seed in self.units()]
         floors = [selection.drift(_at(r, m, 0)) for r in records if r is not None for m in (METHOD, other)]
         return max(floors) if floors else None
 
@@ -208,12 +200,10 @@ class RealAtlas(Experiment):
     def provenance(self) -> dict[str, Any]:
         return {"records": self.settings.records, "pilot": PILOT_FILE}
 
-    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
-        from kinfolk.lab.experiments.real_atlas.runs import RECORD_VERSION, RealAtlasRuns, record_key
+    def runs_class(self) -> type[SeedRuns]:
+        from kinfolk.lab.experiments.real_atlas.runs import RealAtlasRuns
 
-        return kept_record(self.settings.records, record_key(unit), RECORD_VERSION) or RealAtlasRuns(
-            self.settings
-        ).record(unit)
+        return RealAtlasRuns
 
     def pilot(self) -> Callable[[], Path | None]:
         return self.run_pilot

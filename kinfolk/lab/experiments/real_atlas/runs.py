@@ -104,6 +104,9 @@ class RealAtlasRuns:
     """The frozen model, its tokenizer and chat answers (shared by every seed), and each seed's runs, measured on
     `splits` (the pilot measures validation only)."""
 
+    record_version = RECORD_VERSION
+    record_key = staticmethod(record_key)
+
     def __init__(self, settings: RealAtlasSettings, splits: tuple[str, ...] = corpus.SPLITS):
         from transformers import AutoTokenizer
 

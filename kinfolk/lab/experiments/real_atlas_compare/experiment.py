@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.lab.experiments.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import CLAIMS_SCHEMA, Claim, PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue, kept_record
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.shared_seeds import SeedRuns, SharedSeedExperiment
 from kinfolk.lab.protocol.views import SelectionView
 
 METHOD = "atlas"
@@ -47,10 +48,9 @@ def ratio_name(fraction: float, method: str, other: str, source: str | None = No
     return f"{percent(fraction)}: {method} vs {other}, {what}"
 
 
-class RealAtlasCompare(Experiment):
+class RealAtlasCompare(SharedSeedExperiment):
     name = "real-atlas-compare"
     version = "2"
-    unit_kind = "seed"
     settings_class = RealAtlasCompareSettings
 
     @property
@@ -138,17 +138,10 @@ class RealAtlasCompare(Experiment):
             "learning rates": "fixed by the pilot (seed 999, not a unit): see the notes",
         }
 
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = self.make_run(unit, run)
-        if record is None:
-            raise RuntimeError(f"seed {unit}: another process is still training one of its arms; analyse when it ends")
-        return record
+    def runs_class(self) -> type[SeedRuns]:
+        from kinfolk.lab.experiments.real_atlas_compare.runs import RealAtlasCompareRuns
 
-    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
-        from kinfolk.lab.experiments.real_atlas_compare.runs import RECORD_VERSION, RealAtlasCompareRuns, record_key
-
-        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
-        return kept or RealAtlasCompareRuns(self.settings).record(unit)
+        return RealAtlasCompareRuns
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         from kinfolk.lab.experiments.real_atlas_compare.verdicts import choose_strength
@@ -195,14 +188,12 @@ class RealAtlasCompare(Experiment):
     def floor(self, endpoint: str) -> float | None:
         """Under a drift ratio: the largest step-0 (untrained adapter) test drift of the two methods over the kept
         seeds (None until every seed is kept)."""
-        from kinfolk.lab.experiments.real_atlas_compare.runs import RECORD_VERSION, record_key
-
         if "log drift ratio" not in endpoint:
             return None
         methods = endpoint.split(": ", 1)[1].split(",")[0].split(" vs ")
         floors = []
         for seed in self.settings.seeds:
-            record = kept_record(self.settings.records, record_key(seed), RECORD_VERSION)
+            record = self.kept(seed)
             if record is None:
                 return None
             floors += [point[2] for run in record["runs"].values() if run["method"] in methods

@@ -52,6 +52,9 @@ def record_key(seed: int) -> str:
 class RealAtlasCompareRuns:
     """The pools (the chat answers made once by the frozen model) and each seed's arms."""
 
+    record_version = RECORD_VERSION
+    record_key = staticmethod(record_key)
+
     def __init__(self, settings: RealAtlasCompareSettings):
         self.settings = settings
         self.work = Path(settings.work)

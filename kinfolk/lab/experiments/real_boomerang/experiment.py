@@ -27,18 +27,18 @@ from typing import Any
 
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
 from kinfolk.lab.methods.adapt.size_curves import concordance, middle, step, student
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue, kept_record
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.shared_seeds import SeedRuns, SharedSeedExperiment
 from kinfolk.lab.protocol.views import SelectionView
 
 CONCORDANCE_NULL = 0.5
 
 
-class RealBoomerang(Experiment):
+class RealBoomerang(SharedSeedExperiment):
     name = "real-boomerang"
     version = "1"
-    unit_kind = "seed"
     settings_class = BoomerangSettings
 
     def primaries(self) -> list[PrimaryEndpoint]:
@@ -81,11 +81,10 @@ class RealBoomerang(Experiment):
             "size k = M // 2 are fixed here"
         }
 
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        from kinfolk.lab.experiments.real_boomerang.runs import RECORD_VERSION, RealBoomerangRuns, record_key
+    def runs_class(self) -> type[SeedRuns]:
+        from kinfolk.lab.experiments.real_boomerang.runs import RealBoomerangRuns
 
-        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
-        return kept or RealBoomerangRuns(self.settings).record(unit)
+        return RealBoomerangRuns
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         return {}

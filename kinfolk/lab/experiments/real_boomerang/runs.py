@@ -29,6 +29,9 @@ def record_key(seed: int) -> str:
 class RealBoomerangRuns(SizeCurveRuns):
     """The teacher's reference on version 1's fixed held-out rows, and each seed's distillation."""
 
+    record_version = RECORD_VERSION
+    record_key = staticmethod(record_key)
+
     _reference: TeacherReference | None = None
 
     def reference(self) -> TeacherReference:

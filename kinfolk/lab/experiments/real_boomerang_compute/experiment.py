@@ -22,9 +22,10 @@ from typing import Any
 from kinfolk.lab.experiments.real_boomerang_compute.settings import RealBoomerangComputeSettings
 from kinfolk.lab.methods.adapt.size_curves import middle, step
 from kinfolk.lab.methods.compute import converged_budget, step_flops
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import CLAIMS_SCHEMA, Claim, PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue, kept_record
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.shared_seeds import SeedRuns, SharedSeedExperiment
 from kinfolk.lab.protocol.views import SelectionView
 
 METHOD = "distilled"
@@ -43,10 +44,9 @@ def endpoint_name(comparison: str, statistic: str, measure: str = "nll") -> str:
     return f"{comparison}: {statistic} {MEASURES[measure]}, ce-only - {METHOD}"
 
 
-class RealBoomerangCompute(Experiment):
+class RealBoomerangCompute(SharedSeedExperiment):
     name = "real-boomerang-compute"
     version = "3"
-    unit_kind = "seed"
     settings_class = RealBoomerangComputeSettings
 
     def scope(self, comparison: str) -> str:
@@ -132,17 +132,10 @@ class RealBoomerangCompute(Experiment):
             "fixed": "budgets, layers, both patch orders (averaged) and the middle size k = M // 2 are fixed here",
         }
 
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = self.make_run(unit, run)
-        if record is None:
-            raise RuntimeError(f"seed {unit}: another process is still making it; analyse when it ends")
-        return record
+    def runs_class(self) -> type[SeedRuns]:
+        from kinfolk.lab.experiments.real_boomerang_compute.runs import RealBoomerangComputeRuns
 
-    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
-        from kinfolk.lab.experiments.real_boomerang_compute.runs import RECORD_VERSION, RealBoomerangComputeRuns
-
-        kept = kept_record(self.settings.records, str(unit), RECORD_VERSION)
-        return kept or RealBoomerangComputeRuns(self.settings).record(unit)
+        return RealBoomerangComputeRuns
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         rungs = [(rung["steps"], rung["nll"]) for rung in view["validation"]["ladder"]]

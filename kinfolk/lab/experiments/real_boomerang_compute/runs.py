@@ -31,8 +31,15 @@ RECORD_VERSION = 1
 SECONDS_FILE = "training-seconds.json"
 
 
+def record_key(seed: int) -> str:
+    """A seed's key among the kept records."""
+    return str(seed)
+
+
 class RealBoomerangComputeRuns(SizeCurveRuns):
     settings: RealBoomerangComputeSettings
+    record_version = RECORD_VERSION
+    record_key = staticmethod(record_key)
 
     def __init__(self, settings: RealBoomerangComputeSettings):
         super().__init__(settings)
@@ -115,12 +122,12 @@ class RealBoomerangComputeRuns(SizeCurveRuns):
 
     def record(self, seed: int) -> dict[str, Any] | None:
         """The seed's whole record, read back when kept; None while another live process makes it."""
-        kept = kept_record(self.settings.records, str(seed), RECORD_VERSION)
+        kept = kept_record(self.settings.records, record_key(seed), RECORD_VERSION)
         if kept is not None:
             return kept
         with claimed(self.work / f"seed-{seed}") as ours:
             if not ours:
                 return None
             record = self.make(seed)
-            write_json(kept_path(self.settings.records, str(seed)), record)
+            write_json(kept_path(self.settings.records, record_key(seed)), record)
             return record

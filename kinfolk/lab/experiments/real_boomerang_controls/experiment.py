@@ -29,9 +29,10 @@ from typing import Any
 
 from kinfolk.lab.experiments.real_boomerang_controls.settings import RealBoomerangControlsSettings
 from kinfolk.lab.methods.adapt.size_curves import ORDERS, concordance, middle, size_value, step, student
-from kinfolk.lab.protocol.experiment import Experiment, ExploratoryEndpoint
+from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
 from kinfolk.lab.protocol.plan import PrimaryEndpoint
-from kinfolk.lab.protocol.records import EndpointValue, kept_record
+from kinfolk.lab.protocol.records import EndpointValue
+from kinfolk.lab.protocol.shared_seeds import SeedRuns, SharedSeedExperiment
 from kinfolk.lab.protocol.views import SelectionView
 
 CONCORDANCE_NULL = 0.5
@@ -56,10 +57,9 @@ def size_comparison(order: str, k: int, other: str) -> str:
     return f"{order} k = {k}: log-ppl, {other} - {METHOD}"
 
 
-class RealBoomerangControls(Experiment):
+class RealBoomerangControls(SharedSeedExperiment):
     name = "real-boomerang-controls"
     version = "2"
-    unit_kind = "seed"
     settings_class = RealBoomerangControlsSettings
 
     def primaries(self) -> list[PrimaryEndpoint]:
@@ -106,21 +106,10 @@ class RealBoomerangControls(Experiment):
             "middle size k = M // 2 are fixed here"
         }
 
-    def load_run(self, unit: int, run: int) -> Mapping[str, Any]:
-        record = self.make_run(unit, run)
-        if record is None:
-            raise RuntimeError(f"seed {unit}: another process is still making one of its arms; analyse when it ends")
-        return record
+    def runs_class(self) -> type[SeedRuns]:
+        from kinfolk.lab.experiments.real_boomerang_controls.runs import RealBoomerangControlsRuns
 
-    def make_run(self, unit: int, run: int) -> Mapping[str, Any] | None:
-        from kinfolk.lab.experiments.real_boomerang_controls.runs import (
-            RECORD_VERSION,
-            RealBoomerangControlsRuns,
-            record_key,
-        )
-
-        kept = kept_record(self.settings.records, record_key(unit), RECORD_VERSION)
-        return kept or RealBoomerangControlsRuns(self.settings).record(unit)
+        return RealBoomerangControlsRuns
 
     def select(self, view: SelectionView) -> dict[str, Any]:
         return {}

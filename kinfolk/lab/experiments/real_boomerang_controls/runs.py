@@ -37,6 +37,8 @@ def record_key(seed: int) -> str:
 
 class RealBoomerangControlsRuns(SizeCurveRuns):
     settings: RealBoomerangControlsSettings
+    record_version = RECORD_VERSION
+    record_key = staticmethod(record_key)
 
     def __init__(self, settings: RealBoomerangControlsSettings):
         super().__init__(settings)
