@@ -1,7 +1,8 @@
 """real-atlas version 2 (`real-atlas-compare`) in micro: a tiny Llama, two seeds through the protocol's runner, every
 run trained and measured by `kinfolk compare`'s code. The primaries' per-seed values are recomputed here by hand
 from the kept `drift.jsonl` files alone (the drift as the sources' geometric mean, the level, the first crossing on
-validation, the test drift interpolated there), and a second run of the seeds trains nothing."""
+validation, the test drift interpolated there; PEFT's forgetting figure the same way from the retained NLL), and a
+second run of the seeds trains nothing."""
 
 import json
 import math
@@ -61,6 +62,11 @@ def rows(folder: Path) -> dict[int, dict]:
     return merged
 
 
+def nll_curve(folder: Path, source: str) -> list[tuple[int, float, float]]:
+    """(step, validation target, the source's test NLL per token), logged by --retained_nll."""
+    return [(step, row["target"], row[f"test/retained_nll/{source}"]) for step, row in sorted(rows(folder).items())]
+
+
 def curve(folder: Path, split: str) -> list[tuple[int, float, float]]:
     """(step, validation target, drift on `split`): the drift the geometric mean of the three sources' KLs."""
     prefix = "" if split == "validation" else "test/"
@@ -111,22 +117,40 @@ def by_hand(settings, seed: int) -> dict[str, float | None]:
     folder["lora_output_kl"] = chosen(sorted(kept.glob("lora_output_kl/*/kl-*"), key=value), selection)
     level = start + PRIMARY_FRACTION * (best - start)
     test = {m: drift_at(curve(f, "validation"), curve(f, "test"), level) for m, f in folder.items()}
+    forgot = {m: forgetting(f, level) for m, f in folder.items()}
     return {
-        other: None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other])
+        other: (
+            None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other]),
+            None if forgot["atlas"] is None or forgot[other] is None else forgot["atlas"] - forgot[other],
+        )
         for other in ("lora", "norm_matched", "lora_output_kl")
     }
 
 
+def forgetting(folder: Path, level: float) -> float | None:
+    """PEFT's forgetting figure by hand: per source, the test NLL where the validation target first reaches `level`
+    (read between the same checkpoints as the drift) minus the step-0 NLL; the mean over the sources."""
+    found = []
+    for source in SOURCES:
+        nll = nll_curve(folder, source)
+        at = drift_at(curve(folder, "validation"), nll, level)
+        if at is None:
+            return None
+        found.append(at - nll[0][2])
+    return sum(found) / len(found)
+
+
 def test_the_primaries_recompute_by_hand_from_the_kept_drift_logs(micro):
     settings, results = micro
+    names = ("50%: atlas vs {}, log drift ratio", "50%: atlas - {}, forgetting")
     for index, seed in enumerate(settings.seeds):
-        expected = by_hand(settings, seed)
-        for other, value in expected.items():
-            found = results["endpoints"][f"50%: atlas vs {other}, log drift ratio"]["per_unit"][index]
-            assert (found is None) == (value is None), (seed, other)
-            if value is not None:
-                assert found == pytest.approx(value, abs=1e-6), (seed, other)  # the results round to 6 places
-    assert any(value is not None for seed in settings.seeds for value in by_hand(settings, seed).values())
+        for other, values in by_hand(settings, seed).items():
+            for name, value in zip(names, values):
+                found = results["endpoints"][name.format(other)]["per_unit"][index]
+                assert (found is None) == (value is None), (seed, name.format(other))
+                if value is not None:  # the results round to 6 places
+                    assert found == pytest.approx(value, abs=1e-6), (seed, name.format(other))
+    assert any(None not in values for seed in settings.seeds for values in by_hand(settings, seed).values())
 
 
 def test_every_run_is_compares_own_planned_run_and_a_rerun_trains_nothing(micro, monkeypatch):
