@@ -60,6 +60,16 @@ def test_the_registry_maps_onto_the_experiment_folders_one_to_one():
         assert registered.target.startswith(f"kinfolk.lab.experiments.{name.replace('-', '_')}."), name
 
 
+def test_a_carried_primary_is_a_committed_primary_of_an_earlier_version_of_the_same_question():
+    version = lambda name: int(json.loads((RESULTS / f"{name}.plan.json").read_text())["version"].split("-")[0])  # noqa: E731
+    for name, registered in EXPERIMENTS.items():
+        for entry in registered.carries:
+            experiment, endpoint = entry.split(": ", 1)
+            assert EXPERIMENTS[experiment].question == registered.question, entry
+            assert version(experiment) < version(name), entry
+            assert json.loads((RESULTS / f"{experiment}.json").read_text())["endpoints"][endpoint]["primary"], entry
+
+
 def test_an_experiment_in_progress_has_no_results_and_a_finished_one_has():
     assert not [name for name in IN_PROGRESS if (RESULTS / f"{name}.json").exists()], "finished: move it to FINISHED"
     assert all((RESULTS / f"{name}.json").exists() for name in FINISHED)

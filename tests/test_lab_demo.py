@@ -133,6 +133,11 @@ def newest_versions() -> dict[str, str]:
 
 
 NEWEST = newest_versions()
+# the earlier versions' primaries the newest ones carry (parts of their question they do not ask again)
+CARRIED_NOW = [tuple(entry.split(": ", 1)) for name in NEWEST for entry in EXPERIMENTS[name].carries]
+QUOTED = NEWEST | {
+    experiment: json.loads((RESULTS / f"{experiment}.json").read_text())["version"] for experiment, _ in CARRIED_NOW
+}
 
 
 def test_the_readme_table_is_the_generated_one_from_the_newest_versions():
@@ -141,7 +146,7 @@ def test_the_readme_table_is_the_generated_one_from_the_newest_versions():
     assert block == evidence.readme_block(RESULTS), "README's evidence table is stale: run python " \
         "tools/results_page.py"  # fmt: skip
     assert len(text.splitlines()) <= 200
-    assert {row.experiment: row.version for row in evidence.evidence_rows(RESULTS)} == NEWEST
+    assert {row.experiment: row.version for row in evidence.evidence_rows(RESULTS)} == QUOTED
     assert evidence.superseded_quotes(text, RESULTS) == []
 
 
@@ -155,23 +160,28 @@ def _t_interval(values: list[float]) -> tuple[float, float, float, float]:
 
 def test_every_row_recomputes_from_its_results_json():
     rows = evidence.evidence_rows(RESULTS)
-    assert len(rows) == sum(
-        entry["primary"]
-        for name in NEWEST
-        for entry in json.loads((RESULTS / f"{name}.json").read_text())["endpoints"].values()
-    )
-    for experiment in NEWEST:
+    primaries = {
+        name: [endpoint for endpoint, entry in json.loads((RESULTS / f"{name}.json").read_text())["endpoints"].items()
+               if entry["primary"]]
+        for name in QUOTED
+    }  # fmt: skip
+    expected = [(name, endpoint) for name in NEWEST for endpoint in primaries[name]] + CARRIED_NOW
+    assert sorted((row.experiment, row.endpoint) for row in rows) == sorted(expected)
+    for experiment in QUOTED:
         endpoints = json.loads((RESULTS / f"{experiment}.json").read_text())["endpoints"]
         mine = [row for row in rows if row.experiment == experiment]
-        p_values = {}
-        for row in mine:
-            entry = endpoints[row.endpoint]
+        p_values = {}  # Holm runs over all of the experiment's primaries, quoted or not
+        for name in primaries[experiment]:
+            entry = endpoints[name]
             values = [v for v in entry["per_unit"] if v is not None]
             mean, low, high, sd = _t_interval(values)
+            t = (mean - entry["null"]) / (sd / math.sqrt(len(values)))
+            p_values[name] = 2 * stats.t.sf(abs(t), len(values) - 1)
+        for row in mine:
+            entry = endpoints[row.endpoint]
+            mean, low, high, _ = _t_interval([v for v in entry["per_unit"] if v is not None])
             assert (row.estimate, *row.ci95) == pytest.approx((mean, low, high), abs=1e-6), row.endpoint
             assert row.interval == f"{row.estimate:+.3f} [{row.ci95[0]:+.3f}, {row.ci95[1]:+.3f}]"
-            t = (mean - entry["null"]) / (sd / math.sqrt(len(values)))
-            p_values[row.endpoint] = 2 * stats.t.sf(abs(t), len(values) - 1)
             method, baseline = entry["absolute"]["method"], entry["absolute"]["baseline"]
             if None in method:  # a concordance: no arms to show
                 assert row.absolute == ""
@@ -184,15 +194,23 @@ def test_every_row_recomputes_from_its_results_json():
         for k, (name, p) in enumerate(ordered):
             running = max(running, min(1.0, (len(ordered) - k) * p))
             shown[name] = running < 0.05
-        assert {row.endpoint: row.shown for row in mine} == shown, experiment
-        # the words: the addendum's sentence for the outcome (these plans predate claims), marked as after the results
-        claims = json.loads((RESULTS / f"{experiment}.claims-addendum.json").read_text())["claims"]
+        assert {row.endpoint: row.shown for row in mine} == {row.endpoint: shown[row.endpoint] for row in mine}
+        # the words: the sentence for the outcome from the plan's claims, else from the addendum written after the
+        # results (plans that predate claims), marked so
+        addendum = RESULTS / f"{experiment}.claims-addendum.json"
+        before = not addendum.exists()
+        if before:
+            plan = json.loads((RESULTS / f"{experiment}.plan.json").read_text())
+            claims = {primary["name"]: primary["claim"] for primary in plan["primaries"]}
+        else:
+            claims = json.loads(addendum.read_text())["claims"]
         for row in mine:
             entry, claim = endpoints[row.endpoint], claims[row.endpoint]
             on_methods_side = (entry["mean"] > entry["null"]) == (entry["direction"] == "higher")
             key = ("if_shown" if on_methods_side else "if_reversed") if shown[row.endpoint] else "if_not_shown"
-            assert (row.claim, row.claim_before_results) == (claim[key], False)
-            assert row.sentence == f"{claim[key]} {evidence.AFTER_MARK}" and claim["scope"] in row.claim
+            assert (row.claim, row.claim_before_results) == (claim[key], before)
+            assert row.sentence == (claim[key] if before else f"{claim[key]} {evidence.AFTER_MARK}")
+            assert claim["scope"] in row.claim
 
 
 def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
@@ -222,6 +240,25 @@ def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
     revised = headline_table(demo_results(), tmp_path)
     assert "atlas-next v4" in revised and evidence.superseded_quotes(revised, tmp_path) == []
     assert "docs/results.md" in headline_table(demo_results(), ROOT / "nowhere")  # no committed results at hand
+
+
+def test_a_newer_version_carries_the_parts_of_its_question_it_does_not_ask_again(tmp_path, monkeypatch):
+    for path in RESULTS.glob("*.json"):
+        if not path.name.endswith(".plan.json"):
+            (tmp_path / path.name).write_text(path.read_text())
+    older = json.loads((RESULTS / "atlas-controls.json").read_text())
+    asked, kept, *dropped = [name for name, entry in older["endpoints"].items() if entry["primary"]]
+    newer = older | {"experiment": "atlas-next", "version": "4", "endpoints": {asked: older["endpoints"][asked]}}
+    (tmp_path / "atlas-next.json").write_text(json.dumps(newer))
+    monkeypatch.setitem(evidence.QUESTIONS, "atlas-next", "ATLAS")
+    carried = {"atlas-next": (f"atlas-controls: {kept}",)}
+    rows = [row for row in evidence.evidence_rows(tmp_path, carried=carried) if row.question == "ATLAS"]
+    assert [(row.label, row.endpoint) for row in rows] == [("atlas-next v4", asked), ("atlas-controls v3", kept)]
+    assert dropped and not any(row.endpoint in dropped for row in rows)  # asked again or dropped: not quoted
+    assert evidence.superseded_quotes("atlas-controls v3", tmp_path, carried=carried) == []
+    assert evidence.superseded_quotes("atlas-controls v3", tmp_path, carried={}) == ["atlas-controls v3"]
+    with pytest.raises(KeyError, match=r"atlas-controls.json: atlas-next carries 'no such', which is not one of"):
+        evidence.evidence_rows(tmp_path, carried={"atlas-next": ("atlas-controls: no such",)})
 
 
 def test_the_results_pages_known_blocks_quote_each_questions_newest_version():

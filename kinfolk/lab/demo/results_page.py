@@ -30,10 +30,12 @@ from typing import Any
 import numpy as np
 
 from kinfolk.lab.demo.evidence import (
+    CARRIED,
     PLURALS,
     QUESTIONS,
     README,
     RESULTS_DIR,
+    carried_rows,
     newest_experiments,
     readme_with_evidence,
 )
@@ -222,8 +224,20 @@ def known_markdown(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> 
     """What a question's newest version says: where it comes from, its "in brief" lines and its primaries."""
     units = f"{len(results['units'])} {PLURALS.get(results['unit_kind'], results['unit_kind'])}"
     source = f"From `{results['experiment']}` version {results['version']} ({units}), this question's newest version."
+    carried = [
+        f"- {row.sentence} {row.interval}, Holm: {row.verdict} (`{row.experiment}` version {row.version}, "
+        f"{row.endpoint})"
+        for row in carried_rows(results, "", results_dir, CARRIED)
+    ]
+    if carried:
+        carried.insert(
+            0, "Still standing from earlier versions (parts of the question this version does not ask again):"
+        )
+        carried.append("")
     results = with_stated_ranges(results, results_dir)
-    return "\n".join([source, "", *in_brief(results, results_dir), "", protocol_table(results, primary=True)])
+    return "\n".join(
+        [source, "", *in_brief(results, results_dir), "", *carried, protocol_table(results, primary=True)]
+    )
 
 
 def page_with_results(text: str, results_dir: Path = RESULTS_DIR) -> str:

@@ -30,11 +30,14 @@ from kinfolk.lab.protocol.views import SelectionView, TestFieldAccess
 
 @dataclass(frozen=True)
 class Registered:
-    """One registered experiment: its class as an import path (`module:Class`, imported only when asked for) and
-    the question it answers (the README and the results page quote only the newest version of each question)."""
+    """One registered experiment: its class as an import path (`module:Class`, imported only when asked for), the
+    question it answers (the README and the results page quote only the newest version of each question) and the
+    primaries of the question's earlier versions that it does not ask again, as "<experiment>: <endpoint>": they
+    stay quoted beside its own (a version that asks one part of a question again supersedes that part only)."""
 
     target: str
     question: str
+    carries: tuple[str, ...] = ()
 
 
 # In the order the README and the results page take the questions.
@@ -48,7 +51,15 @@ EXPERIMENTS: dict[str, Registered] = {
     "adapt": Registered("kinfolk.lab.experiments.adapt.experiment:AdaptReanalysis", "ADAPT"),
     "adapt-controls": Registered("kinfolk.lab.experiments.adapt_controls.experiment:AdaptControls", "ADAPT"),
     "adapt-frontier": Registered("kinfolk.lab.experiments.adapt_frontier.experiment:AdaptFrontier", "ADAPT"),
-    "adapt-compute": Registered("kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute", "ADAPT"),
+    "adapt-compute": Registered(
+        "kinfolk.lab.experiments.adapt_compute.experiment:AdaptCompute",
+        "ADAPT",
+        carries=(  # it asks distillation at equal compute again and drops depth; routing and format stand
+            "adapt-frontier: routing/distilled: routed - random-mix frontier",
+            "adapt-frontier: routing/weight-delta: routed - random-mix frontier",
+            "adapt-frontier: format: transfer split, bracket-sft - preferred-sft",
+        ),
+    ),
     "real-atlas": Registered("kinfolk.lab.experiments.real_atlas.experiment:RealAtlas", "ATLAS, real checkpoint"),
     "real-atlas-compare": Registered(
         "kinfolk.lab.experiments.real_atlas_compare.experiment:RealAtlasCompare", "ATLAS, real checkpoint"
