@@ -174,7 +174,9 @@ def test_a_patched_size_with_its_own_head_costs_less_than_the_tied_model_it_is_c
     from kinfolk.testing import build_model, save_model
 
     # a vocabulary whose matrix outweighs a block, as in real models, where the defect showed
-    teacher = save_model(build_model("llama", "large", vocab_size=4096, tie_word_embeddings=True), None, tmp_path / "t")
+    teacher = save_model(
+        build_model("llama", "large", vocab_size=4096, tie_word_embeddings=True), None, tmp_path / "t"
+    )
     student = distilled_copy(init_student(teacher, tmp_path / "init", every=2), tmp_path / "student", None)
     family = merge({"op": "patch", "teacher": str(teacher), "student": str(student)}, tmp_path / "family",
                    all_sizes=True, progress=False)  # fmt: skip
