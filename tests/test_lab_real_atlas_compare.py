@@ -166,3 +166,26 @@ def test_every_run_is_compares_own_planned_run_and_a_rerun_trains_nothing(micro,
     monkeypatch.setattr(Trainer, "train", lambda *a, **k: pytest.fail("a kept run was trained again"))
     experiment = RealAtlasCompare(settings)
     assert [record["seed"] for record in make_runs(experiment, run_keys(experiment))] == settings.seeds
+
+
+def test_the_second_models_plan_is_the_firsts_but_where_its_notes_say():
+    from kinfolk.lab.experiments.real_atlas_compare_gemma.experiment import RealAtlasCompareGemma
+
+    first, second = RealAtlasCompare(), RealAtlasCompareGemma()
+    one, two = first.plan().settings, second.plan().settings
+    assert {name for name in one if one[name] != two[name]} == {
+        "model",
+        "methods",
+        "learning_rates",
+        "work",
+        "records",
+    }
+    assert two["methods"] == [m for m in one["methods"] if m != "norm_matched"]  # reduced for cost
+    assert all(len(two["learning_rates"][m]) == 2 for m in ("lora", "atlas"))  # chosen per seed on validation
+    assert {**first.settings.compare_options(), "use_cpu": False} == second.settings.compare_options()
+    claims = [primary.claim for primary in second.primaries()]
+    assert [p.name for p in second.primaries()] == [p.name for p in first.primaries() if "norm_matched" not in p.name]
+    assert all("on Gemma-3-270m (base) learning Python code" in claim.if_shown for claim in claims)
+    assert {key: rule for key, rule in first.selection_rules().items() if key != "learning rates"} == {
+        key: rule for key, rule in second.selection_rules().items() if key != "learning rates"
+    }

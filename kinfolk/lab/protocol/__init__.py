@@ -12,7 +12,7 @@ heavy) and the question it answers:
 
 >>> sorted(EXPERIMENTS)  # doctest: +NORMALIZE_WHITESPACE
 ['adapt', 'adapt-compute', 'adapt-controls', 'adapt-frontier', 'atlantis', 'atlantis-controls', 'atlas', 'atlas-controls', 'real-atlas',
- 'real-atlas-compare', 'real-boomerang', 'real-boomerang-compute', 'real-boomerang-controls']
+ 'real-atlas-compare', 'real-atlas-compare-gemma', 'real-boomerang', 'real-boomerang-compute', 'real-boomerang-controls']
 >>> get_experiment("atlas").name, EXPERIMENTS["atlas"].question
 ('atlas', 'ATLAS')
 """
@@ -63,6 +63,10 @@ EXPERIMENTS: dict[str, Registered] = {
     "real-atlas": Registered("kinfolk.lab.experiments.real_atlas.experiment:RealAtlas", "ATLAS, real checkpoint"),
     "real-atlas-compare": Registered(
         "kinfolk.lab.experiments.real_atlas_compare.experiment:RealAtlasCompare", "ATLAS, real checkpoint"
+    ),
+    "real-atlas-compare-gemma": Registered(
+        "kinfolk.lab.experiments.real_atlas_compare_gemma.experiment:RealAtlasCompareGemma",
+        "ATLAS, second real checkpoint",
     ),
     "real-boomerang": Registered(
         "kinfolk.lab.experiments.real_boomerang.experiment:RealBoomerang", "ADAPT, real checkpoint"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kinfolk.lab.experiments.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
 from kinfolk.lab.protocol.experiment import ExploratoryEndpoint
@@ -52,6 +52,7 @@ class RealAtlasCompare(SharedSeedExperiment):
     name = "real-atlas-compare"
     version = "2"
     settings_class = RealAtlasCompareSettings
+    model_words: ClassVar[str] = "SmolLM2-135M-Instruct"  # the claims' scope
 
     @property
     def others(self) -> list[str]:
@@ -59,7 +60,7 @@ class RealAtlasCompare(SharedSeedExperiment):
 
     def scope(self) -> str:
         s = self.settings
-        return (f"on SmolLM2-135M-Instruct learning Python code, at {percent(PRIMARY_FRACTION)} of LoRA's gain within "
+        return (f"on {self.model_words} learning Python code, at {percent(PRIMARY_FRACTION)} of LoRA's gain within "
                 f"{s.max_steps} steps of {s.batch_size} rows ({len(s.seeds)} seeds, {s.held_out_rows} test rows per "
                 "retained source)")  # fmt: skip
 
