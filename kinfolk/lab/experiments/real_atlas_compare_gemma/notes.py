@@ -24,7 +24,9 @@ NOTES = [
     "rule from two each (LoRA 1e-3 and 3e-3, SmolLM2's rate and one step below; ATLAS 3e-3 and 1e-2), Output-KL "
     "keeps 3e-3, its strength chosen from its grid. A seed is 4 main runs and 3 Output-KL runs (up to 5 with the "
     "grid's extensions; LoRA's runs are shared): 7-9 runs, about 14-20 process-hours; 70-100 for five seeds, 35-50 "
-    "hours of both cores. That is beyond this machine across many sessions beside the other experiments, so the "
-    "seeds run on the accelerator where one is lent (compare's --use_cpu off: the GPU when there is one, in fp32 as "
-    "on the CPU, so no primary mixes dtypes), where a seed takes minutes.",
+    "hours of both cores. No accelerator can take them here: the device machine this project is sometimes lent "
+    "receives at most 64 MiB a call and reaches no package index, and the checkpoint is 1 GB in fp32 (about 250 MB "
+    "as its GGUF). So the seeds run on this machine's CPU in the background across sessions, after "
+    "real-atlas-compare's, each run kept as it ends; compare's --use_cpu is off so that a user with a GPU and the "
+    "checkpoint runs the same plan there (fp32 on both, so no primary mixes dtypes).",
 ]

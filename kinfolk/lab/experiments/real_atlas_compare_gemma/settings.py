@@ -13,7 +13,8 @@ from kinfolk.lab.experiments.real_atlas_compare.settings import OUTPUT_KL, RealA
 class RealAtlasCompareGemmaSettings(RealAtlasCompareSettings):
     """The second model's design: Gemma-3-270m (base), LoRA, ATLAS and LoRA + Output-KL (the norm-matched control
     left out for cost: `notes`), LoRA's and ATLAS's rates chosen per seed on validation from a grid of two
-    (no pilot on this model fixed them; Output-KL keeps one rate, its strength chosen from a grid), every run on the accelerator where one is lent, fp32 either way.
+    (no pilot on this model fixed them; Output-KL keeps one rate, its strength chosen from a grid), every run on the
+    machine's GPU where it has one and the CPU otherwise, fp32 either way.
 
     >>> settings = RealAtlasCompareGemmaSettings()
     >>> settings.model, settings.methods, settings.compare_options()["use_cpu"], settings.compare_options()["dtype"]
@@ -44,5 +45,5 @@ class RealAtlasCompareGemmaSettings(RealAtlasCompareSettings):
     )
 
     def compare_options(self) -> dict[str, Any]:
-        # the accelerator where one is lent, the CPU otherwise (compare falls back): fp32 on both, never mixed
+        # a GPU where the machine has one, the CPU otherwise (compare falls back): fp32 on both, never mixed
         return {**super().compare_options(), "use_cpu": False}
