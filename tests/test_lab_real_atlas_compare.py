@@ -13,22 +13,22 @@ import pytest
 
 from kinfolk.lab.experiments.real_atlas_compare.experiment import PRIMARY_FRACTION, RealAtlasCompare
 from kinfolk.lab.experiments.real_atlas_compare.settings import RealAtlasCompareSettings
+from kinfolk.lab.experiments.real_atlas_compare_gemma.experiment import RealAtlasCompareGemma
+from kinfolk.lab.experiments.real_atlas_compare_gemma.settings import RealAtlasCompareGemmaSettings
 from kinfolk.lab.protocol.actions import analyse, make_runs, run_keys, write_experiment_plan
 
 SOURCES = ("chat", "prose", "docs")
 ROMAN = ("I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII")
 
 
-@pytest.fixture(scope="module")
-def micro(tiny_kit, tmp_path_factory):
-    """(the settings, the results) of the micro experiment, its two seeds made and analysed."""
-    root = tmp_path_factory.mktemp("real-atlas-compare")
+def made_and_analysed(experiment_class, settings_class, root: Path, model: Path, **design):
+    """(the settings, the results) of a micro experiment, its two seeds made and analysed."""
     sonnets = "\n".join(f"{number}\n  a line of {number}\n  and more of {number}\n  another\n  the last"
                         for number in ROMAN) + "\nTHE END\n"  # fmt: skip
     (root / "sonnets.txt").write_text(sonnets)
-    settings = RealAtlasCompareSettings(
-        model=str(tiny_kit.model_dir("llama")),
-        learning_rates={"lora": [1e-1, 1.0], "atlas": [1e-1, 1.0], "norm_matched": [1.0], "lora_output_kl": [1e-1]},
+    settings = settings_class(
+        model=str(model),
+        **design,
         output_kl_coefs=[1.0, 3.0],
         output_kl_extensions=1,
         levels=[0.25, 0.5],
@@ -46,11 +46,27 @@ def micro(tiny_kit, tmp_path_factory):
         work=str(root / "work"),
         records=str(root / "records"),
     )
-    experiment = RealAtlasCompare(settings)
+    experiment = experiment_class(settings)
     write_experiment_plan(experiment, root / "results")
     make_runs(experiment, run_keys(experiment))
     _, results = analyse(experiment, root / "results", root / "protocol")
     return settings, results
+
+
+@pytest.fixture(scope="module")
+def micro(tiny_kit, tmp_path_factory):
+    """(the settings, the results) of the micro experiment, its two seeds made and analysed."""
+    rates = {"lora": [1e-1, 1.0], "atlas": [1e-1, 1.0], "norm_matched": [1.0], "lora_output_kl": [1e-1]}
+    root, model = tmp_path_factory.mktemp("real-atlas-compare"), tiny_kit.model_dir("llama")
+    return made_and_analysed(RealAtlasCompare, RealAtlasCompareSettings, root, model, learning_rates=rates)
+
+
+@pytest.fixture(scope="module")
+def micro_second_model(tiny_kit, tmp_path_factory):
+    """The second model's design in micro (its methods, one Output-KL rate), on the same tiny model."""
+    rates = {"lora": [1e-1, 1.0], "atlas": [1e-1, 1.0], "lora_output_kl": [1e-1]}
+    root, model = tmp_path_factory.mktemp("real-atlas-compare-gemma"), tiny_kit.model_dir("llama")
+    return made_and_analysed(RealAtlasCompareGemma, RealAtlasCompareGemmaSettings, root, model, learning_rates=rates)
 
 
 def rows(folder: Path) -> dict[int, dict]:
@@ -101,17 +117,19 @@ def chosen(folders: list[Path], level: float) -> Path:
     return max(folders, key=lambda f: (max(t for _, t, _ in curve(f, "validation")), -folders.index(f)))
 
 
-def by_hand(settings, seed: int) -> dict[str, float | None]:
+def by_hand(settings, seed: int) -> dict[str, tuple[float | None, float | None]]:
     """Each primary's value for `seed` from its kept drift.jsonl files, every rate and Output-KL's strength chosen
     here too."""
     kept = Path(settings.records) / str(seed)
     value = lambda folder: float(folder.name.split("-", 1)[1])  # noqa: E731
-    runs = {method: sorted((kept / method).glob("lr-*"), key=value) for method in ("lora", "atlas", "norm_matched")}
+    others = [method for method in settings.methods if method != "atlas"]
+    runs = {method: sorted((kept / method).glob("lr-*"), key=value) for method in settings.methods
+            if method != "lora_output_kl"}  # fmt: skip
     lora = [curve(folder, "validation") for folder in runs["lora"]]
     start = sum(run[0][1] for run in lora) / len(lora)  # the step-0 score, the same for every rate
     best = max(max(t for _, t, _ in run) for run in lora)
     if best <= start:  # LoRA never gained: no level to compare at
-        return dict.fromkeys(("lora", "norm_matched", "lora_output_kl"))
+        return {other: (None, None) for other in others}
     selection = start + settings.selection_fraction * (best - start)
     folder = {method: chosen(folders, selection) for method, folders in runs.items()}
     folder["lora_output_kl"] = chosen(sorted(kept.glob("lora_output_kl/*/kl-*"), key=value), selection)
@@ -123,7 +141,7 @@ def by_hand(settings, seed: int) -> dict[str, float | None]:
             None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other]),
             None if forgot["atlas"] is None or forgot[other] is None else forgot["atlas"] - forgot[other],
         )
-        for other in ("lora", "norm_matched", "lora_output_kl")
+        for other in others
     }
 
 
@@ -140,8 +158,9 @@ def forgetting(folder: Path, level: float) -> float | None:
     return sum(found) / len(found)
 
 
-def test_the_primaries_recompute_by_hand_from_the_kept_drift_logs(micro):
-    settings, results = micro
+@pytest.mark.parametrize("made", ["micro", "micro_second_model"])
+def test_the_primaries_recompute_by_hand_from_the_kept_drift_logs(made, request):
+    settings, results = request.getfixturevalue(made)
     names = ("50%: atlas vs {}, log drift ratio", "50%: atlas - {}, forgetting")
     for index, seed in enumerate(settings.seeds):
         for other, values in by_hand(settings, seed).items():
@@ -169,8 +188,6 @@ def test_every_run_is_compares_own_planned_run_and_a_rerun_trains_nothing(micro,
 
 
 def test_the_second_models_plan_is_the_firsts_but_where_its_notes_say():
-    from kinfolk.lab.experiments.real_atlas_compare_gemma.experiment import RealAtlasCompareGemma
-
     first, second = RealAtlasCompare(), RealAtlasCompareGemma()
     one, two = first.plan().settings, second.plan().settings
     assert {name for name in one if one[name] != two[name]} == {
