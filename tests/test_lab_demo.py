@@ -220,7 +220,12 @@ def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
     blocks = [line for line in text.splitlines() if not line.startswith(" ")]
     assert [b.split()[0] for b in blocks] == ["ATLANTIS", "ATLAS", "ADAPT", "ADAPT"]  # one block per comparison
     quoted = set(re.findall(r"\b([a-z][\w-]*) v(\d+)\b", text))
-    assert quoted == {("atlantis-controls", "3"), ("atlas-controls", "3"), ("adapt-frontier", "4")}
+    assert quoted == {
+        ("atlantis-controls", "3"),
+        ("atlas-controls", "3"),
+        ("adapt-frontier", "4"),
+        ("adapt-compute", "5"),
+    }
     assert evidence.superseded_quotes(text, RESULTS) == []
     words = " ".join(text.split())  # as read, across the wrapped lines
     ratio = json.loads((RESULTS / "atlantis-controls.json").read_text())["endpoints"]["strong/pr: ratio - uniform"]
