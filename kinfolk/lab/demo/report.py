@@ -212,10 +212,10 @@ HEADLINE_WIDTH = 100  # a terminal's columns: each method's block wraps to it
 
 
 def evidence(question: str, baseline: str, mentioning: str = "", results_dir: Path | None = None) -> list[str]:
-    """What the newest committed experiment of `question` says about comparisons against `baseline` (those of
-    its primaries naming `mentioning`, where some do): one line per primary (`evidence.EvidenceRow.line`), shown
-    only where it survives Holm. Without the committed results (an installed package) it points to
-    docs/results.md."""
+    """What the newest committed experiment of `question` (and the earlier primaries it carries) says about
+    comparisons against `baseline` (those of its primaries naming `mentioning`, where some do): one line per primary
+    (`evidence.EvidenceRow.line`), whose sentence says whether it survived Holm. Without the committed results (an
+    installed package) it points to docs/results.md."""
     from kinfolk.lab.demo.evidence import RESULTS_DIR, evidence_rows
 
     directory = results_dir or RESULTS_DIR
