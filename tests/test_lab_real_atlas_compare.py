@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kinfolk.lab.experiments.real_atlas_compare.experiment import PRIMARY_FRACTION, RealAtlasCompare
-from kinfolk.lab.experiments.real_atlas_compare.settings import RealAtlasCompareSettings
 from kinfolk.lab.experiments.real_atlas_compare_gemma.experiment import RealAtlasCompareGemma
 from kinfolk.lab.experiments.real_atlas_compare_gemma.settings import RealAtlasCompareGemmaSettings
+from kinfolk.lab.methods.real_atlas_compare.settings import RealAtlasCompareSettings
 from kinfolk.lab.protocol.actions import analyse, make_runs, run_keys, write_experiment_plan
 
 SOURCES = ("chat", "prose", "docs")

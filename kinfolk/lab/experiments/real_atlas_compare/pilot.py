@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas_compare.settings import PILOT_SEED, RealAtlasCompareSettings
+from kinfolk.lab.methods.real_atlas_compare.settings import PILOT_SEED, RealAtlasCompareSettings
 
 PILOT_FILE = "pilot.json"  # in the records folder
 PILOT_OUT = "pilot/lora-atlas"  # under the work folder
@@ -24,7 +24,7 @@ PILOT_RATES = {"lora": [3e-3], "atlas": [1e-2]}  # version 1's rates, timed (its
 
 def pilot_args(settings: RealAtlasCompareSettings):
     """The pilot's `CompareArguments`: the main arm's on the pilot seed, exploratory, LoRA and ATLAS only."""
-    from kinfolk.lab.experiments.real_atlas_compare.runs import RealAtlasCompareRuns
+    from kinfolk.lab.methods.real_atlas_compare.runs import RealAtlasCompareRuns
 
     args = RealAtlasCompareRuns(settings).arm_args(PILOT_SEED)
     own = [f"{method}={','.join(f'{rate:g}' for rate in rates)}" for method, rates in PILOT_RATES.items()
@@ -40,7 +40,7 @@ def run_pilot(settings: RealAtlasCompareSettings) -> Path | None:
     from kinfolk.compare import grid
     from kinfolk.compare.comparison import run_comparison
     from kinfolk.drift.log import read_rows
-    from kinfolk.lab.experiments.real_atlas_compare.runs import PROG
+    from kinfolk.lab.methods.real_atlas_compare.runs import PROG
 
     args = pilot_args(settings)
     analysis = run_comparison(args, f"{PROG} --pilot")

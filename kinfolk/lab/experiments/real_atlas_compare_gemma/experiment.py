@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas_compare.experiment import RealAtlasCompare, percent
 from kinfolk.lab.experiments.real_atlas_compare_gemma.settings import RealAtlasCompareGemmaSettings
+from kinfolk.lab.methods.real_atlas_compare.design import RealAtlasCompareDesign, percent
 from kinfolk.lab.protocol.plan import CLAIMS_SCHEMA
 
 
-class RealAtlasCompareGemma(RealAtlasCompare):
+class RealAtlasCompareGemma(RealAtlasCompareDesign):
     """The same question and design on a second model, Gemma-3-270m (base), reduced for cost to LoRA, ATLAS and
     LoRA + Output-KL, with LoRA's and ATLAS's rates chosen per seed on validation (`notes`)."""
 
@@ -30,9 +30,6 @@ class RealAtlasCompareGemma(RealAtlasCompare):
             f"{percent(self.settings.selection_fraction)} of LoRA's gain among the rates that reach it, else the "
             "highest best score, ties to the lower rate); the levels' reference is LoRA's best score over its rates",
         }
-
-    def pilot(self) -> None:
-        return None  # no pilot on this model: the rates are chosen per seed
 
     def plan_fields(self) -> dict[str, Any]:
         from kinfolk.lab.experiments.real_atlas_compare_gemma.notes import NOTES

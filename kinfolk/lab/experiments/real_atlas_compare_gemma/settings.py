@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinfolk.lab.experiments.real_atlas_compare.settings import OUTPUT_KL, RealAtlasCompareSettings
+from kinfolk.lab.methods.real_atlas_compare.settings import OUTPUT_KL, RealAtlasCompareSettings
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from kinfolk.atomic import write_json
 from kinfolk.claims import CLAIM_FILE
 from kinfolk.compare import grid
 from kinfolk.compare.grid import RunKey
-from kinfolk.lab.experiments.real_atlas_compare import data
-from kinfolk.lab.experiments.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
+from kinfolk.lab.methods.real_atlas_compare import data
+from kinfolk.lab.methods.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
 from kinfolk.lab.protocol.records import kept_path, kept_record
 
 RECORD_VERSION = 1
@@ -174,7 +174,7 @@ class RealAtlasCompareRuns:
         """Every run of the seed (Output-KL's keyed with its strength) and Output-KL's final grid, its grid extended
         while the choice sits on an edge; None while another process trains one of them."""
         from kinfolk.compare.grid_edge import extended_grid
-        from kinfolk.lab.experiments.real_atlas_compare.verdicts import choose_strength
+        from kinfolk.lab.methods.real_atlas_compare.verdicts import choose_strength
         from kinfolk.stats import on_grid_edge
 
         s = self.settings

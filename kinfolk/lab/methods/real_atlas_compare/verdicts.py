@@ -30,7 +30,7 @@ from kinfolk.compare.selection import choose_rate
 from kinfolk.compare.verdicts import Verdict, verdicts
 from kinfolk.drift import Run
 from kinfolk.drift.levels import GainLevel, gain_level
-from kinfolk.lab.experiments.real_atlas_compare.settings import BASELINE, OUTPUT_KL
+from kinfolk.lab.methods.real_atlas_compare.settings import BASELINE, OUTPUT_KL
 
 METHOD = "atlas"
 
