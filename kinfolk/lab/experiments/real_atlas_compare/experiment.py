@@ -19,6 +19,13 @@ __all__ = ["PRIMARY_FRACTION", "RealAtlasCompare"]
 
 class RealAtlasCompare(RealAtlasCompareDesign):
     name = "real-atlas-compare"
+    model_words = "SmolLM2-135M-Instruct"
+
+    def selection_rules(self) -> dict[str, str]:
+        return {
+            **super().selection_rules(),
+            "learning rates": "fixed by the pilot (seed 999, not a unit): see the notes",
+        }
 
     def pilot(self) -> Callable[[], Path | None]:
         from kinfolk.lab.experiments.real_atlas_compare.pilot import run_pilot

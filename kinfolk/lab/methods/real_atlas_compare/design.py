@@ -14,9 +14,15 @@ Primaries, at 50 % of LoRA's gain (the trivial explanation each tests): ATLAS ag
 answers less at all?), against its norm-matched control (is it only a smaller step?), against LoRA + Output-KL
 (does the standard regulariser do as well?).
 
->>> [e.name for e in RealAtlasCompareDesign().primaries()]  # doctest: +NORMALIZE_WHITESPACE
+>>> class OnAModel(RealAtlasCompareDesign):
+...     name, model_words = "toy", "a model"
+>>> [e.name for e in OnAModel().primaries()]  # doctest: +NORMALIZE_WHITESPACE
 ['50%: atlas vs lora, log drift ratio', '50%: atlas vs norm_matched, log drift ratio',
  '50%: atlas vs lora_output_kl, log drift ratio']
+>>> OnAModel().primaries()[0].claim.scope.split(",")[0]
+'on a model learning Python code'
+>>> "learning rates" in OnAModel().selection_rules()  # each model's experiment says how its rates were fixed
+False
 """
 
 from __future__ import annotations
@@ -49,12 +55,12 @@ def ratio_name(fraction: float, method: str, other: str, source: str | None = No
 
 
 class RealAtlasCompareDesign(SharedSeedExperiment):
-    """The design; each model's experiment names itself, its settings, its model in the claims' scope, its pilot
-    and its plan's notes."""
+    """The design; each model's experiment names itself, its settings, its model in the claims' scope, how its
+    learning rates were fixed (a selection rule), its pilot and its plan's notes."""
 
     version = "2"
     settings_class = RealAtlasCompareSettings
-    model_words: ClassVar[str] = "SmolLM2-135M-Instruct"  # the claims' scope
+    model_words: ClassVar[str]  # the claims' scope
 
     @property
     def others(self) -> list[str]:
@@ -138,7 +144,6 @@ class RealAtlasCompareDesign(SharedSeedExperiment):
             f"(least drift at {percent(s.selection_fraction)} of LoRA's gain; ties to the lower), the grid extended "
             f"by one step beyond the chosen end while the choice sits on an edge, at most {s.output_kl_extensions} "
             "times; a choice left on the edge flags its comparisons",
-            "learning rates": "fixed by the pilot (seed 999, not a unit): see the notes",
         }
 
     def runs_class(self) -> type[SeedRuns]:
