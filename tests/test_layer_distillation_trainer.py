@@ -60,9 +60,34 @@ def test_zero_weights_reproduce_sft_trainer(pairs, tmp_path, tiny_tokenizer):
         train_dataset=prompt_completion_dataset(8),
         processing_class=tiny_tokenizer,
     )
+    teacher_calls = []
+    trainer.teacher_model.register_forward_hook(lambda *_: teacher_calls.append(1))
     distilled_loss = trainer.compute_loss(trainer.model, dict(inputs), num_items_in_batch=torch.tensor(37))
     sft_loss = sft.compute_loss(sft.model, dict(inputs), num_items_in_batch=torch.tensor(37))
     assert torch.equal(distilled_loss, sft_loss)
+    assert teacher_calls == []  # both terms off: the teacher's forward is not paid for
+
+
+def test_zero_weights_train_the_student_the_teacher_forward_would(pairs, tmp_path, tiny_tokenizer):
+    """Skipping the unused teacher changes the cost only: the same student, bit for bit, as when both terms are
+    computed and enter the loss times zero (what a cross-entropy arm did before the teacher was skipped)."""
+
+    def trained(with_teacher: bool) -> dict[str, torch.Tensor]:
+        trainer = make_trainer(pairs["gemma2"], tmp_path / str(with_teacher), tiny_tokenizer,
+                               pretraining=text_dataset(8, seed=1), max_steps=4, kl_weight=0.0, cosine_weight=0.0)  # fmt: skip
+        teacher_calls = []
+        trainer.teacher_model.register_forward_hook(lambda *_: teacher_calls.append(1))
+        trainer._uses_teacher = with_teacher
+        trainer.train()
+        assert len(teacher_calls) == (4 if with_teacher else 0)
+        assert ("distill/kl" in trainer.state.log_history[0]) == with_teacher
+        return {name: value.clone() for name, value in trainer.model.state_dict().items()}
+
+    skipped, computed = trained(False), trained(True)
+    start = AutoModelForCausalLM.from_pretrained(pairs["gemma2"]["student"]).state_dict()
+    assert any(not torch.equal(skipped[name], start[name]) for name in start)  # it trained
+    assert skipped.keys() == computed.keys()
+    assert all(torch.equal(skipped[name], computed[name]) for name in skipped)
 
 
 def test_student_identical_to_teacher_has_no_distillation_loss(tiny_kit, tmp_path, tiny_tokenizer):

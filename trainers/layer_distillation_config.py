@@ -38,6 +38,7 @@ class LayerDistillationConfig(SFTConfig):
             λ_KL, weight of the T²-scaled KL(teacher ‖ student) between next-token distributions.
         cosine_weight (`float`, *optional*):
             λ_cos, weight of the summed per-layer cosine distance; defaults to 10 / (M + 1) for M student layers.
+            With `kl_weight` 0 too, the teacher is not run: plain cross-entropy on the two phases.
         temperature (`float`, defaults to `1.0`):
             Softmax temperature T of both distributions in the KL term.
         pretraining_fraction (`float`, defaults to `0.5`):

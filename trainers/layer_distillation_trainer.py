@@ -12,7 +12,8 @@ Two phases, one schedule (ADAPT §3.2): the first `pretraining_fraction` (0.5) o
 draw from `pretraining_dataset`, whose every token is trained (CE, KL and block cosine at every position, prompt /
 completion rows included), the rest from `train_dataset` (SFT data, response tokens only, as SFTTrainer masks them),
 each phase passing over its rows as often as its steps need, under one continuous learning-rate schedule. Give only
-`train_dataset` for a single phase. The teacher is frozen, in eval mode and never wrapped for gradients.
+`train_dataset` for a single phase. The teacher is frozen, in eval mode and never wrapped for gradients; with
+both weights 0 it is not run at all (a cross-entropy baseline then costs what SFT costs, and logs no distill/*).
 
 The name says what sets it apart from TRL's `DistillationTrainer`, which is on-policy (the student generates, then
 matches the teacher's output distribution): this one is teacher-forced on the dataset's tokens and aligns the
@@ -220,6 +221,9 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
         self._check_pair(base_model(self.model), teacher_model)
         student_layers = self.layer_map.num_student_layers
         self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
+        # With both terms off the run is a cross-entropy baseline: the teacher's forward would cost about what the
+        # student's does and change nothing (its terms enter the loss times zero), so it is not run.
+        self._uses_teacher = bool(args.kl_weight or self.cosine_weight)
         self._student_outputs = LayerOutputs(self.model, list(range(student_layers)))
         self._teacher_outputs = LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
         if self.is_deepspeed_enabled:
@@ -273,6 +277,8 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
         return PhaseSampler(self._phase_sizes, tuple(batch * count for count in steps), self.args.seed)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self._uses_teacher:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         with self._student_outputs.record() as student:
             result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = result if return_outputs else (result, None)
