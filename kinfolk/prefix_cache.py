@@ -18,6 +18,10 @@ and shape (so padding and row order count); any other forward (another batch, ge
 embeddings) runs in full. `build` checks on its first batch that the injected forward equals the full one and keeps
 nothing if it does not (an architecture whose layers pass more than hidden states).
 
+Another model whose first layers are bit for bit this one's (a patched size and the teacher or student it starts
+with) can start from the same states: `PrefixCache.capture` keeps what several layers receive in one pass,
+`shared_prefix_layers` counts the layers two models share, and `injected` starts a forward there.
+
 Memory: batch × length × hidden size in the model's dtype per batch, in host memory, or on disk under `directory`
 when more than `memory_limit_bytes`; `close()` frees both. Each process of a distributed run caches the batches it
 measures (its own shard).
@@ -57,7 +61,7 @@ from torch import nn
 
 from kinfolk.atomic import atomic_file
 from kinfolk.errors import UnsupportedArchitectureError
-from kinfolk.layout import base_model, decoder_layers, layout_from_config
+from kinfolk.layout import base_model, decoder_layers, layout_from_config, per_layer_config_fields
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +106,53 @@ def first_changed_layer(model: nn.Module) -> ChangedLayer:
         return ChangedLayer(None, "nothing is trainable or adapted")
     lowest = min(layer_of[key] for _, key in changed)
     return ChangedLayer(lowest, f"every trainable parameter and adapter lies in layer {lowest} or above")
+
+
+def shared_prefix_layers(model: nn.Module, source: nn.Module) -> int:
+    """How many leading decoder layers of `model` compute what `source`'s do: with the same input embeddings and
+    backbone buffers outside the layers (rotary tables, embedding scales), the count of layers from the first whose
+    tensors and per-layer config entries (e.g. `layer_types`) equal `source`'s layer by layer; 0 when the
+    embeddings or buffers differ. States `source` gives layer L (`PrefixCache.capture`) are then what `model`'s layer
+    L receives, for L up to that count (a patched size and the teacher or student it starts with).
+
+    >>> from kinfolk.testing import build_model, perturbed_copy
+    >>> model = build_model("llama", "large")
+    >>> changed = perturbed_copy(model, scale=0.1, seed=1)
+    >>> changed.model.layers[:2].load_state_dict(model.model.layers[:2].state_dict())
+    <All keys matched successfully>
+    >>> changed.model.embed_tokens.load_state_dict(model.model.embed_tokens.state_dict())
+    <All keys matched successfully>
+    >>> shared_prefix_layers(changed, model), shared_prefix_layers(model, model)
+    (2, 4)
+    """
+    ours, theirs = _backbone(model), _backbone(source)
+    if not _same_tensors(ours.get_input_embeddings().state_dict(), theirs.get_input_embeddings().state_dict()):
+        return 0
+    inside_layers = {id(buffer) for layer in decoder_layers(model) for buffer in layer.buffers()}
+    inside_layers |= {id(buffer) for layer in decoder_layers(source) for buffer in layer.buffers()}
+    outside = lambda module: {n: b for n, b in module.named_buffers() if id(b) not in inside_layers}  # noqa: E731
+    if not _same_tensors(outside(ours), outside(theirs)):
+        return 0
+    config, source_config = base_model(model).config.get_text_config(), base_model(source).config.get_text_config()
+    per_layer = {name: getattr(config, name) for name in per_layer_config_fields(config)}
+    source_per_layer = {name: getattr(source_config, name, None) for name in per_layer}
+    shared = 0
+    for index, (layer, source_layer) in enumerate(zip(decoder_layers(model), decoder_layers(source))):
+        same_config = all(
+            isinstance(source_per_layer[name], list) and index < len(source_per_layer[name])
+            and values[index] == source_per_layer[name][index]
+            for name, values in per_layer.items()
+        )  # fmt: skip
+        if not same_config or not _same_tensors(layer.state_dict(), source_layer.state_dict()):
+            break
+        shared += 1
+    return shared
+
+
+def _same_tensors(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> bool:
+    return ours.keys() == theirs.keys() and all(
+        ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]) for name in ours
+    )
 
 
 def batch_key(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> str:
@@ -239,40 +290,49 @@ class PrefixCache:
             reason = "layer 0 can change" if changed.index == 0 else changed.reason
             return PrefixChoice(None, reason)
         batches = list(batches)
-        layers = decoder_layers(model)
         hidden_size = base_model(model).config.get_text_config().hidden_size
-        dtype = next(layers[changed.index].parameters()).dtype
+        dtype = next(decoder_layers(model)[changed.index].parameters()).dtype
         size = sum(batch["input_ids"].numel() for batch in batches) * hidden_size * dtype.itemsize
         on_disk = directory is not None and size > memory_limit_bytes
         cache = cls(changed.index, dtype, Path(directory) if on_disk else None)
         if on_disk:
             shutil.rmtree(cache.directory, ignore_errors=True)
             cache.directory.mkdir(parents=True)
-        captured: list[torch.Tensor] = []
-
-        def capture(_module, args, kwargs):
-            captured.append(_argument("hidden_states", 0, args, kwargs).detach())
-
-        skip_rest = _replaced_forwards(layers[cache.layer :], _pass_through)
-        hook = layers[cache.layer].register_forward_pre_hook(capture, with_kwargs=True)
-        backbone = _backbone(model)
         was_training = model.training
         model.eval()  # what a measurement sees: no dropout (callbacks build at train start, in train mode)
         try:
-            with torch.no_grad(), skip_rest:
-                for batch in batches:
-                    captured.clear()
-                    backbone(**_inputs(batch, model), use_cache=False)
-                    cache._keep(_key(batch), captured[0])
-            hook.remove()  # before the check, whose forwards are not to be kept
-            same = not batches or cache._same_as_full(model, batches[0])
+            _fill({cache.layer: cache}, model, batches)
+            same = not batches or cache.same_as_full(model, batches[0])
         finally:
-            hook.remove()  # idempotent: also when a forward above failed
             model.train(was_training)
         if not same:
             cache.close()
             return PrefixChoice(None, f"the forward from layer {cache.layer} differs from the full one")
         return PrefixChoice(cache, changed.reason)
+
+    @classmethod
+    def capture(
+        cls, model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], layers: Iterable[int]
+    ) -> dict[int, PrefixCache]:
+        """What each of decoder `layers` receives on each of `batches`, kept in host memory, from one forward of the
+        model's layers up to the highest of them per batch; `model` must be in eval mode. No check is made: the
+        caller injects a cache only into models whose layers below it compute what `model`'s do
+        (`shared_prefix_layers`), and may confirm with `same_as_full`.
+
+        >>> from kinfolk.testing import build_model
+        >>> model = build_model("llama", "large").eval()
+        >>> batch = {"input_ids": torch.tensor([[5, 6, 7, 8]])}
+        >>> caches = PrefixCache.capture(model, [batch], [1, 3])
+        >>> sorted(caches), caches[3].same_as_full(model, batch, tolerance=1e-6)
+        ([1, 3], True)
+        """
+        layers = sorted(set(layers))
+        if not layers or layers[0] < 1:
+            raise ValueError(f"layers to capture must be 1 or above, got {layers}")
+        dtype = next(decoder_layers(model)[layers[0]].parameters()).dtype
+        caches = {layer: cls(layer, dtype) for layer in layers}
+        _fill(caches, model, list(batches))
+        return caches
 
     def _keep(self, key: str, states: torch.Tensor) -> None:
         if key in self.entries:  # a repeated batch (e.g. a weight-0 pad of a shard)
@@ -285,13 +345,17 @@ class PrefixCache:
             handle.write(save_safetensors({"hidden": states.contiguous().cpu()}))
         self.entries[key] = path
 
-    def _same_as_full(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    def same_as_full(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], tolerance: float = CHECK_TOLERANCE
+    ) -> bool:
+        """Whether `model`'s backbone on `batch` (a kept one) gives the same last hidden states injected as in full,
+        within `tolerance` relative to their norm."""
         backbone = _backbone(model)
         with torch.no_grad():
             full = backbone(**_inputs(batch, model), use_cache=False).last_hidden_state.float()
-            with self.active(model):
+            with self.injected(model):
                 injected = backbone(**_inputs(batch, model), use_cache=False).last_hidden_state.float()
-        return bool((injected - full).norm() <= CHECK_TOLERANCE * full.norm())
+        return bool((injected - full).norm() <= tolerance * full.norm())
 
     def usable(self, model: nn.Module) -> str | None:
         """None when the kept states still hold for `model`, else why not."""
@@ -314,6 +378,13 @@ class PrefixCache:
             logger.warning("measuring with a full forward: %s", problem)
             yield False
             return
+        with self.injected(model):
+            yield True
+
+    @contextlib.contextmanager
+    def injected(self, model: nn.Module) -> Iterator[None]:
+        """Forwards of `model`'s backbone on kept batches start at layer L with the kept states while inside, whether
+        or not `usable` says they hold for it (for a model that shares another's first L layers)."""
         layers = decoder_layers(model)
         injection = _Injection(self, layers)
         hooks = [
@@ -322,7 +393,7 @@ class PrefixCache:
         ]
         try:
             with _replaced_forwards(layers[: self.layer], injection.skip):
-                yield True
+                yield
         finally:
             for hook in hooks:
                 hook.remove()
@@ -333,6 +404,31 @@ class PrefixCache:
         self.closed = True
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _fill(caches: dict[int, PrefixCache], model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> None:
+    """Keep in each cache what its layer receives on each batch: one backbone forward per batch, the layers above
+    the highest cached one passed through."""
+    layers = decoder_layers(model)
+    captured: dict[int, torch.Tensor] = {}
+
+    def capture(layer: int):
+        def hook(_module, args, kwargs):
+            captured[layer] = _argument("hidden_states", 0, args, kwargs).detach()
+
+        return hook
+
+    hooks = [layers[layer].register_forward_pre_hook(capture(layer), with_kwargs=True) for layer in caches]
+    try:
+        with torch.no_grad(), _replaced_forwards(layers[max(caches) :], _pass_through):
+            for batch in batches:
+                captured.clear()
+                _backbone(model)(**_inputs(batch, model), use_cache=False)
+                for layer, cache in caches.items():
+                    cache._keep(_key(batch), captured[layer])
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _inputs(batch: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from adapt_helpers import distilled_copy, init_student
 from lab_helpers import no_training
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kinfolk.lab.experiments.real_boomerang.experiment import RealBoomerang
 from kinfolk.lab.experiments.real_boomerang.figure import plot_curves
 from kinfolk.lab.experiments.real_boomerang.settings import BoomerangSettings
-from kinfolk.lab.methods.adapt.size_curves import patched_sizes, size_value
+from kinfolk.lab.methods.adapt.size_curves import SharedPrefixes, measure_size, patched_sizes, size_value
 from kinfolk.lab.methods.selection import depth_concordance
 from kinfolk.lab.protocol.plan import write_plan
 from kinfolk.lab.protocol.runner import run_experiment
@@ -72,6 +73,30 @@ def test_measurement_is_cross_entropy_and_kl_by_hand(micro, tiny_kit):
     assert measured.nll == pytest.approx(nll / count, rel=1e-5)
     assert measured.kl == pytest.approx(kl / count, rel=1e-4)
     assert measured.agreement == agree / count
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2"])  # gemma2: per-layer attention types, scaled embeddings
+def test_sizes_measured_from_shared_prefixes_give_the_full_forwards_numbers(tiny_kit, tmp_path, architecture):
+    teacher_dir = tiny_kit.model_dir(architecture, "large")  # 4 layers; the student keeps 0, 2, 3
+    init = init_student(teacher_dir, tmp_path / "init", every=2, last=1)
+    student_dir = distilled_copy(init, tmp_path / "student", tiny_kit.tokenizer(), seed=3, scale=0.05)
+    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
+    texts = ["def add(a, b):\n    return a + b\n" * 3, "the quick brown fox jumps over the lazy dog " * 4] * 3
+    rows = rows_from("code", tokenizer, texts, None, max_length=40)
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
+    reference = TeacherReference(teacher, [rows])
+    prefixes = (SharedPrefixes(teacher, reference),
+                SharedPrefixes(AutoModelForCausalLM.from_pretrained(student_dir), reference))  # fmt: skip
+    # front to back a size starts with the teacher's blocks, back to front with the student's layers
+    expected_layers = {"front-to-back": [2, 2, 3, 3], "back-to-front": [2, 2, 1, 3]}
+    for order, layers in expected_layers.items():
+        for (_, model), layer in zip(patched_sizes(teacher_dir, student_dir, order), layers, strict=True):
+            shared, used = measure_size(model, reference, prefixes)
+            full = reference.measure(model)["code"]
+            assert used == layer
+            assert shared["code"].nll == pytest.approx(full.nll, rel=1e-6, abs=1e-9)
+            assert shared["code"].kl == pytest.approx(full.kl, rel=1e-5, abs=1e-9)
+            assert shared["code"].agreement == full.agreement
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from kinfolk.callbacks.target_metric import ValidationNLL
 from kinfolk.divergence import DisabledAdapter, HiddenStateCache, token_divergence
 from kinfolk.layout import decoder_layers
-from kinfolk.prefix_cache import PrefixCache, first_changed_layer
+from kinfolk.prefix_cache import PrefixCache, first_changed_layer, shared_prefix_layers
 from kinfolk.testing import build_model
 
 LAYER = 2  # of the "large" tiny models' 4: the placement's layer
@@ -200,3 +200,15 @@ def test_built_in_train_mode_it_keeps_what_eval_mode_computes():
     with torch.no_grad(), cache.active(model):
         score = ValidationNLL(batches)(model)
     assert score == pytest.approx(reference_score(model, batches), rel=1e-6)
+
+
+def test_shared_prefix_layers_stop_at_a_different_layer_type_and_start_at_a_different_rotary_table():
+    gemma = build_model("gemma2", "large")  # layer types alternate sliding and full attention
+    types = list(gemma.config.layer_types)
+    swapped = build_model("gemma2", "large", layer_types=types[:2] + types[2:][::-1])  # same weights (same seed)
+    assert swapped.config.layer_types[:2] == types[:2] and swapped.config.layer_types[2] != types[2]
+    assert shared_prefix_layers(swapped, gemma) == 2 and shared_prefix_layers(gemma, gemma) == 4
+    llama = build_model("llama", "large")
+    other_rope = build_model("llama", "large", rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    assert all(torch.equal(a, b) for a, b in zip(llama.parameters(), other_rope.parameters()))
+    assert shared_prefix_layers(other_rope, llama) == 0  # every layer's weights equal, but not what they receive

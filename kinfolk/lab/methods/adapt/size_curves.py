@@ -3,7 +3,9 @@
 `patched_sizes` takes the plan `kinfolk merge patch --all` writes from (`plan_patch(..., all_sizes=True)`) and
 builds each output model in memory from the same planned tensors (`materialise`), so a curve of 17 sizes costs no
 disk; a test checks a built size against the one `merge patch` writes. Each size is measured against the teacher
-by `kinfolk.lab.world.heldout.TeacherReference` (the teacher's log-probabilities computed once, reused for every size).
+by `kinfolk.lab.world.heldout.TeacherReference` (the teacher's log-probabilities computed once, reused for every size),
+from the deepest layer it shares bit for bit with the teacher or the unpatched student (`measure_size`): the same
+numbers as a full forward, a whole curve in 1.22 times less CPU time (bench/bench_size_curve.py).
 A curve is, per patch order, the measured sizes k = 0..M; its statistics (`concordance`, `middle`, `step`) are the
 real-boomerang experiments' endpoints, each a mean over the two orders.
 
@@ -18,7 +20,7 @@ real-boomerang experiments' endpoints, each a mean over the two orders.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,17 @@ import torch
 
 from kinfolk.lab.methods.adapt.settings import largest_drop
 from kinfolk.lab.methods.selection import depth_concordance
+from kinfolk.lab.world.heldout import SourceMeasure, TeacherReference
+from kinfolk.layout import decoder_layers
 from kinfolk.plugins.adapt.config import PatchConfig
 from kinfolk.plugins.adapt.execute import materialise
 from kinfolk.plugins.adapt.plan import ModelPlan, plan_patch
+from kinfolk.prefix_cache import PrefixCache, shared_prefix_layers
 
 ORDERS = ("front-to-back", "back-to-front")
+# A size's layers below L are bit for bit its teacher's or student's, so measuring from L gives the full forward's
+# numbers; the check on a size's first batch allows only float noise.
+PREFIX_TOLERANCE = 1e-6
 
 
 def size_value(point: Mapping[str, Any], measure: str) -> float:
@@ -64,6 +72,50 @@ def patched_sizes(teacher: str | Path, student: str | Path, order: str) -> Itera
             "parameters": sum(p.numel() for p in model.parameters()),
         }
         yield summary, model
+
+
+class SharedPrefixes:
+    """What each decoder layer of `source` (the teacher, or a student) receives on `reference`'s rows, captured
+    once, so that a size whose first L layers are `source`'s is measured from layer L: a size patched front to
+    back starts with the teacher's blocks, one patched back to front with the student's. About two thirds of a
+    curve's layer forwards are such shared prefixes (SmolLM2's 34 sizes: bench/bench_size_curve.py).
+
+    Memory: rows x length x hidden size x 4 bytes per layer (SmolLM2, 192 rows of 64 tokens: 28 MB a layer)."""
+
+    def __init__(self, source: torch.nn.Module, reference: TeacherReference):
+        self.source = source.eval()
+        self.batches = [
+            {"input_ids": input_ids, "attention_mask": attention_mask}
+            for part in reference.rows
+            for input_ids, attention_mask, _ in part.batches()
+        ]
+        self.caches = PrefixCache.capture(self.source, self.batches, range(1, len(decoder_layers(self.source))))
+        self.checked = False  # whether a size measured from these states matched its full forward
+
+    def layer_for(self, model: torch.nn.Module) -> int:
+        """The deepest layer `model` can start at from these states (0: none; at most its last layer)."""
+        return min(
+            shared_prefix_layers(model, self.source), len(decoder_layers(model)) - 1, max(self.caches, default=0)
+        )
+
+
+def measure_size(
+    model: torch.nn.Module, reference: TeacherReference, prefixes: Sequence[SharedPrefixes]
+) -> tuple[dict[str, SourceMeasure], int]:
+    """`reference.measure(model)`, computed from the deepest layer one of `prefixes` shares with `model`; returns
+    the measures and that layer (0: a full forward). The first size measured from each source's states is checked
+    on the first batch against its full forward (last hidden states to 1e-6): the layers below were compared
+    tensor by tensor, the check catches an architecture whose layers pass more than hidden states."""
+    layer, shared = max(((p.layer_for(model), p) for p in prefixes), key=lambda pair: pair[0], default=(0, None))
+    if layer == 0:
+        return reference.measure(model), 0
+    cache = shared.caches[layer]
+    if not shared.checked:
+        if not cache.same_as_full(model, shared.batches[0], tolerance=PREFIX_TOLERANCE):
+            raise RuntimeError(f"a patched size measured from layer {layer} differs from its full forward")
+        shared.checked = True
+    with cache.injected(model):
+        return reference.measure(model), layer
 
 
 def _mean(values: list[float]) -> float:

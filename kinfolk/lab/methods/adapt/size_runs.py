@@ -22,7 +22,7 @@ import torch
 from kinfolk import console
 from kinfolk.atomic import write_json
 from kinfolk.lab.methods import real_corpus as corpus
-from kinfolk.lab.methods.adapt.size_curves import ORDERS, patched_sizes
+from kinfolk.lab.methods.adapt.size_curves import ORDERS, SharedPrefixes, measure_size, patched_sizes
 from kinfolk.lab.world.heldout import MeasurementRows, TeacherReference, chat_text, kept_answers, rows_from
 
 
@@ -45,6 +45,7 @@ class SizeCurveRuns:
         self.tokenizer = AutoTokenizer.from_pretrained(self.teacher_dir)
         self.teacher = AutoModelForCausalLM.from_pretrained(self.teacher_dir, dtype=torch.float32).eval()
         self.answers = self._chat_answers()
+        self._kept_teacher_prefixes: tuple[TeacherReference, SharedPrefixes] | None = None
 
     # ------------------------------------------------------------------------------------------ data
     def _chat_answers(self) -> dict[str, str]:
@@ -95,22 +96,35 @@ class SizeCurveRuns:
 
     # ------------------------------------------------------------------------------------------ students
     def curve(self, student: Path, label: str, reference: TeacherReference) -> dict[str, list[dict[str, Any]]]:
-        """Every size of `student` patched with the teacher, in both orders, each measured against `reference`."""
+        """Every size of `student` patched with the teacher, in both orders, each measured against `reference` (from
+        the deepest layer it shares with the teacher or the unpatched student: the full forward's numbers)."""
         path = self.work / "curves" / f"{label}.json"
         cached = _load(path)
         if cached is not None:
             return cached
+        from transformers import AutoModelForCausalLM
+
+        unpatched = AutoModelForCausalLM.from_pretrained(student, dtype=torch.float32)
+        prefixes = (self._teacher_prefixes(reference), SharedPrefixes(unpatched, reference))
         curves = {}
         for order in ORDERS:
-            points = []
+            points, layers = [], []
             for summary, model in patched_sizes(self.teacher_dir, student, order):
-                measured = reference.measure(model)
+                measured, layer = measure_size(model, reference, prefixes)
                 points.append({**summary, "sources": {s: asdict(m) for s, m in measured.items()}})
+                layers.append(layer)
                 del model
             curves[order] = points
-            console.stage(f"{label}: {order} measured at {len(points)} sizes")
+            console.stage(f"{label}: {order} measured at {len(points)} sizes, from layers {layers}")
         write_json(path, curves)
         return curves
+
+    def _teacher_prefixes(self, reference: TeacherReference) -> SharedPrefixes:
+        """The teacher's layer inputs on `reference`'s rows, captured once for every arm measured on them."""
+        if self._kept_teacher_prefixes is None or self._kept_teacher_prefixes[0] is not reference:
+            self._kept_teacher_prefixes = None  # free the last reference's before capturing
+            self._kept_teacher_prefixes = (reference, SharedPrefixes(self.teacher, reference))
+        return self._kept_teacher_prefixes[1]
 
     def init_student(self) -> Path:
         """The layer-dropped student (the teacher's kept layers, untrained): the same for every seed."""
