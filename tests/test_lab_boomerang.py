@@ -97,6 +97,8 @@ def test_sizes_measured_from_shared_prefixes_give_the_full_forwards_numbers(tiny
             assert shared["code"].nll == pytest.approx(full.nll, rel=1e-6, abs=1e-9)
             assert shared["code"].kl == pytest.approx(full.kl, rel=1e-5, abs=1e-9)
             assert shared["code"].agreement == full.agreement
+    one_layer = init_student(teacher_dir, tmp_path / "one-layer", every=4)
+    assert SharedPrefixes(AutoModelForCausalLM.from_pretrained(one_layer), reference).caches == {}
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,8 @@ class SharedPrefixes:
             for part in reference.rows
             for input_ids, attention_mask, _ in part.batches()
         ]
-        self.caches = PrefixCache.capture(self.source, self.batches, range(1, len(decoder_layers(self.source))))
+        layers = range(1, len(decoder_layers(self.source)))  # a one-layer source shares nothing worth keeping
+        self.caches = PrefixCache.capture(self.source, self.batches, layers) if layers else {}
         self.checked = False  # whether a size measured from these states matched its full forward
 
     def layer_for(self, model: torch.nn.Module) -> int:
