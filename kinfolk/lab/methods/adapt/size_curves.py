@@ -77,8 +77,8 @@ def patched_sizes(teacher: str | Path, student: str | Path, order: str) -> Itera
 class SharedPrefixes:
     """What each decoder layer of `source` (the teacher, or a student) receives on `reference`'s rows, captured
     once, so that a size whose first L layers are `source`'s is measured from layer L: a size patched front to
-    back starts with the teacher's blocks, one patched back to front with the student's. About two thirds of a
-    curve's layer forwards are such shared prefixes (SmolLM2's 34 sizes: bench/bench_size_curve.py).
+    back starts with the teacher's blocks, one patched back to front with the student's. On SmolLM2's 34 sizes
+    57 % of a curve's layer forwards are such shared prefixes (bench/bench_size_curve.py: 782 against 335 a row).
 
     Memory: rows x length x hidden size x 4 bytes per layer (SmolLM2, 192 rows of 64 tokens: 28 MB a layer)."""
 
