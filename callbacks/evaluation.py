@@ -40,6 +40,7 @@ from kinfolk.drift.churn import churn_report, flat_metrics, outcomes, read_sampl
 from kinfolk.drift.log import append_row
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
+from kinfolk.sharding import zero_stage
 
 ACCELERATORS = ("cuda", "xpu", "mps", "npu")
 
@@ -210,7 +211,7 @@ class LmEvalCallback(MeasuredAtSteps):
     ):
         if not tasks:
             raise ValueError("LmEvalCallback needs at least one task")
-        if getattr(trainer, "is_fsdp_enabled", False) or _zero_stage(trainer) == 3:
+        if getattr(trainer, "is_fsdp_enabled", False) or zero_stage(trainer) == 3:
             raise NotImplementedError(
                 "LmEvalCallback needs the whole model on the main process; with FSDP or ZeRO-3 evaluate saved "
                 "checkpoints with `kinfolk eval` instead"
@@ -301,8 +302,3 @@ class LmEvalCallback(MeasuredAtSteps):
     def on_save(self, args, state, control, **kwargs):
         if args.process_index == 0:
             append_row(args.output_dir, {"step": state.global_step, "checkpoint": f"checkpoint-{state.global_step}"})
-
-
-def _zero_stage(trainer) -> int | None:
-    plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
-    return getattr(plugin, "zero_stage", None)

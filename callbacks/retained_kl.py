@@ -51,7 +51,7 @@ from kinfolk.divergence import (
 )
 from kinfolk.drift.log import append_row
 from kinfolk.prefix_cache import MeasuredFromLayer
-from kinfolk.sharding import unsharded_root
+from kinfolk.sharding import HEAD_OUTSIDE_FORWARD, refuse_under_sharding, unsharded_root
 
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
 PREFIX_DIRECTORY = "retained_kl_prefix{rank}"  # where large kept layer inputs go, freed at the end of training
@@ -108,6 +108,7 @@ class RetainedKLCallback(MeasuredAtSteps):
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+        refuse_under_sharding(trainer, "RetainedKLCallback", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         super().__init__(every_n_steps, measure_at_start, at_steps)
         self.trainer = trainer
         self.positions = positions

@@ -1,4 +1,4 @@
-"""FSDP2 and code that runs a model's parts outside its forward.
+"""Sharded models (FSDP2, DeepSpeed ZeRO-3) and code that runs a model's parts outside its forward.
 
 FSDP2 (`torch.distributed.fsdp.fully_shard`) gathers a module's own parameters only inside that module's forward.
 kinfolk's divergence code runs the backbone and reads the output head without calling the root model's forward,
@@ -7,9 +7,15 @@ would still be DTensor shards there. `unsharded_root` gathers them for the block
 decoder layers still gather their own in their forward. Meant for measurements under `torch.no_grad()`: the freed
 parameters would be missing in a later backward. (It reaches into FSDP2's private `_lazy_init`, in this one place.)
 
+ZeRO-3 keeps a partition of every parameter on each rank (a tensor of shape [0] in the module) and gathers a
+module's parameters in hooks around that module's forward. What reads weights outside those forwards is refused
+under ZeRO-3 with one line (`refuse_under_sharding`), as the GPU checks found it failing (docs/distributed.md).
+
 >>> import torch
 >>> with unsharded_root(torch.nn.Linear(2, 2)):  # not sharded: nothing to do
 ...     pass
+>>> zero3_partitioned(torch.nn.Linear(2, 2))
+False
 """
 
 from __future__ import annotations
@@ -18,6 +24,33 @@ import contextlib
 from collections.abc import Iterator
 
 from torch import nn
+
+from kinfolk.errors import InputError
+
+
+def zero_stage(trainer) -> int | None:
+    """The trainer's DeepSpeed ZeRO stage, None without DeepSpeed."""
+    plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
+    return getattr(plugin, "zero_stage", None)
+
+
+def zero3_partitioned(module: nn.Module) -> bool:
+    """Whether ZeRO-3 has partitioned any of the module's parameters (they carry DeepSpeed's `ds_id`)."""
+    return any(hasattr(parameter, "ds_id") for parameter in module.parameters())
+
+
+def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool) -> None:
+    """Raise a one-line InputError (a ValueError) for `option` when the trainer runs ZeRO-3 (or FSDP, with `under_fsdp`)."""
+    if zero_stage(trainer) == 3:
+        launcher = "DeepSpeed ZeRO-3"
+    elif under_fsdp and getattr(trainer, "is_fsdp_enabled", False):
+        launcher = "FSDP"
+    else:
+        return
+    raise InputError(f"{option} is not supported under {launcher}: {reason} (use DDP or DeepSpeed ZeRO-2)")
+
+
+HEAD_OUTSIDE_FORWARD = "it reads the output head outside the model's forward, where only a shard of it is held"
 
 
 @contextlib.contextmanager

@@ -51,6 +51,7 @@ from kinfolk.divergence import OutputHead, chunked_divergence
 from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.layout import base_model, decoder_layers, layout_from_config
 from kinfolk.plugins.adapt.layer_map import LAYER_MAP_FILE, LayerMap
+from kinfolk.sharding import HEAD_OUTSIDE_FORWARD, refuse_under_sharding
 from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
 from kinfolk.trainers.layer_distillation_config import LayerDistillationConfig
 
@@ -210,6 +211,8 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
             processing_class=processing_class, **kwargs,
         )  # fmt: skip
         warn_if_fewer_processes(self.args.world_size)
+        if args.kl_weight:
+            refuse_under_sharding(self, "kl_weight > 0", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
 
         if isinstance(teacher_model, str):

@@ -28,6 +28,7 @@ import torch
 from datasets import Dataset, concatenate_datasets
 
 from kinfolk.divergence import DisabledAdapter, token_divergence
+from kinfolk.sharding import HEAD_OUTSIDE_FORWARD, refuse_under_sharding
 from kinfolk.tokens import IGNORE_INDEX
 from kinfolk.trainers.weighted_sft_data import TOKEN_COLUMNS, TOKEN_LOSS_WEIGHTS
 
@@ -101,7 +102,10 @@ class OutputKL:
         ).mean()
 
 
-def require_peft(model: Any) -> None:
+def check_output_kl_trainer(trainer: Any) -> None:
+    """Output-KL needs a PEFT model, and the whole head in its loss (not under ZeRO-3 or FSDP)."""
+    model = trainer.model
+    refuse_under_sharding(trainer, "output_kl_coef > 0", HEAD_OUTSIDE_FORWARD, under_fsdp=True)
     if not hasattr(model, "disable_adapter"):
         raise ValueError(
             f"output_kl_coef > 0 needs a PEFT model (the frozen distribution is the model with its adapters "

@@ -62,7 +62,7 @@ from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.launch_check import warn_if_fewer_processes
 from kinfolk.tokens import IGNORE_INDEX, dataset_type
 from kinfolk.trainers.atomic_checkpoints import AtomicCheckpointsMixin
-from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, replay_mix, require_peft
+from kinfolk.trainers.regularisers import OutputKL, RetainedBatches, check_output_kl_trainer, replay_mix
 from kinfolk.trainers.weighted_sft_config import WeightedSFTConfig
 from kinfolk.trainers.weighted_sft_data import (
     LOSS_WEIGHTS,
@@ -304,7 +304,7 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
         self._output_kl = self._build_output_kl(args) if args.output_kl_coef > 0 else None
 
     def _build_output_kl(self, args: WeightedSFTConfig) -> OutputKL:
-        require_peft(self.model)
+        check_output_kl_trainer(self)
         retained = self._retained_tokens(self.processing_class, args)
         if args.max_length is not None:
             with global_then_local_main_first():

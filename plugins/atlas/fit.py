@@ -37,10 +37,11 @@ import torch
 from datasets import Dataset
 from torch import nn
 
-from kinfolk.errors import EmptyDatasetError
+from kinfolk.errors import EmptyDatasetError, InputError
 from kinfolk.plugins.atlas.kmeans import StreamedKMeans, squared_distances
-from kinfolk.plugins.atlas.layer import AtlasLayer, route
+from kinfolk.plugins.atlas.layer import ZERO3_UNSUPPORTED, AtlasLayer, route
 from kinfolk.plugins.atlas.ranks import Ranks
+from kinfolk.sharding import zero3_partitioned
 
 
 @dataclass
@@ -105,6 +106,8 @@ def fit_atlas(
     }
     if not layers:
         raise ValueError(f"the model has no ATLAS layers for adapter {adapter_name!r}")
+    if zero3_partitioned(model):  # loaded under ZeRO-3's zero.Init: a forward here would fail deep inside torch
+        raise InputError(ZERO3_UNSUPPORTED)
     config = model.peft_config[adapter_name] if hasattr(model, "peft_config") else None
     num_regions = (
         config.num_regions if config is not None else next(iter(layers.values())).atlas_centers[adapter_name].shape[0]

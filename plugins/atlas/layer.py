@@ -83,7 +83,7 @@ from peft.tuners._buffer_dict import BufferDict
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
-from kinfolk.errors import AdapterConfigError
+from kinfolk.errors import AdapterConfigError, InputError
 from kinfolk.plugins.atlas.config import AtlasConfig
 
 _EPS = 1e-12
@@ -102,6 +102,14 @@ NOT_MERGEABLE = (
     "ATLAS adapters cannot be merged into the base weights: the residual ρ(h)·N'(h)·B·tanh(A·N(h)·(h − c(h))) is a "
     "nonlinear, token-dependent function of the input (tanh, soft routing, per-token filters), so no weight matrix "
     "reproduces it. Keep the adapter at inference, or use `unload()` to get the base model back without it."
+)
+
+# The one GPU check under ZeRO-3 (docs/distributed.md) trained an identity-initialised adapter for 30 steps with a flat
+# loss: refused rather than a run that silently learns nothing. A, B are read from ParameterDicts, whose own forward
+# (where ZeRO-3 gathers a module's weights) never runs.
+ZERO3_UNSUPPORTED = (
+    "ATLAS adapters are not supported under DeepSpeed ZeRO-3 (a GPU check trained one with a flat loss); "
+    "use DDP, FSDP2 or DeepSpeed ZeRO-2"
 )
 
 
@@ -254,6 +262,8 @@ class AtlasLinear(nn.Module, AtlasLayer):
             return result
         for adapter_name in self.active_adapters:
             if adapter_name in self.atlas_A:
+                if hasattr(self.atlas_A[adapter_name], "ds_id"):  # DeepSpeed ZeRO-3 partitioned it
+                    raise InputError(ZERO3_UNSUPPORTED)
                 result = result + self.residual_output(x, adapter_name).to(result.dtype)
         return result
 

@@ -4,7 +4,7 @@
 # tests/gpu/scale_checks.py adds, at each stage, what the 2-process CPU tests show: the weighted-SFT options TRL
 # cannot run on CPU (activation offloading, liger, inductor), and fit_atlas, LayerDistillationTrainer and the w = 1
 # identity with SFTTrainer under each launcher.
-# About 8-12 minutes on one H200; ends with one JSON line (also in OUT_DIR/summary.json). CI never runs it.
+# About 8 minutes on one H200 (478 s on 2026-12-04); ends with one JSON line (also in OUT_DIR/summary.json). CI never runs it.
 #
 #   bash tests/gpu/run_gpu_checks.sh [OUT_DIR]                      from any directory; default runs/gpu-checks
 #
@@ -24,7 +24,7 @@ if ! $PY -c "import trl" 2>/dev/null && compgen -G ".gpu-wheels/*.whl" >/dev/nul
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if ! (cd /tmp && $PY -c "import kinfolk.trainers" 2>/dev/null); then  # kinfolk itself: this checkout, no deps
-  $PY -m pip install -q --no-deps --no-build-isolation --target "$SITE" . || exit 1
+  $PY -m pip install -q --no-deps --no-build-isolation --upgrade --target "$SITE" . || exit 1  # --upgrade: never a stale copy
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}

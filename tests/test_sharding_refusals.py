@@ -1,0 +1,120 @@
+"""What reads weights outside a module's forward is refused under DeepSpeed ZeRO-3 (Output-KL under FSDP too) with
+one line naming the option and the launcher, as the GPU checks found those paths failing (docs/distributed.md).
+
+CI has no DeepSpeed and no GPU: a trainer's ZeRO stage is set through `kinfolk.sharding.zero_stage`, and a ZeRO-3
+partitioned parameter is marked as DeepSpeed marks it (`ds_id`). The launchers themselves run in tests/gpu.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from distil_helpers import make_args
+from peft import LoraConfig, get_peft_model
+from sft_helpers import weighted_data, weighted_trainer
+
+from kinfolk import sharding
+from kinfolk.callbacks import RetainedKLCallback
+from kinfolk.errors import InputError
+from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
+from kinfolk.plugins.atlas.layer import AtlasLinear
+from kinfolk.testing import build_model, prompt_completion_dataset, text_dataset
+from kinfolk.trainers import LayerDistillationTrainer
+
+
+def launched_trainer(zero_stage: int | None = None, fsdp: bool = False) -> SimpleNamespace:
+    plugin = None if zero_stage is None else SimpleNamespace(zero_stage=zero_stage)
+    return SimpleNamespace(
+        accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)), is_fsdp_enabled=fsdp
+    )
+
+
+@pytest.fixture
+def under_zero3(monkeypatch):
+    monkeypatch.setattr(sharding, "zero_stage", lambda trainer: 3)
+
+
+@pytest.mark.parametrize(
+    ("zero_stage", "fsdp", "under_fsdp", "launcher"),
+    [
+        (None, False, True, None),
+        (2, False, True, None),
+        (3, False, False, "DeepSpeed ZeRO-3"),
+        (None, True, False, None),
+        (None, True, True, "FSDP"),
+    ],
+)
+def test_refused_only_under_the_launchers_named(zero_stage, fsdp, under_fsdp, launcher):
+    def call():
+        sharding.refuse_under_sharding(
+            launched_trainer(zero_stage, fsdp), "an option", "a reason", under_fsdp=under_fsdp
+        )
+
+    if launcher is None:
+        call()
+        return
+    with pytest.raises(InputError) as refused:
+        call()
+    assert str(refused.value) == f"an option is not supported under {launcher}: a reason (use DDP or DeepSpeed ZeRO-2)"
+
+
+def test_zero_stage_reads_the_deepspeed_plugin():
+    assert [sharding.zero_stage(launched_trainer(stage)) for stage in (None, 2, 3)] == [None, 2, 3]
+    assert sharding.zero_stage(object()) is None
+
+
+def test_retained_kl_callback_is_refused_under_zero3(tiny_tokenizer):
+    with pytest.raises(InputError, match=r"^RetainedKLCallback is not supported under DeepSpeed ZeRO-3: .*head"):
+        RetainedKLCallback(launched_trainer(3), text_dataset(2), tiny_tokenizer)
+
+
+def test_distillation_kl_is_refused_under_zero3_and_the_cosine_term_is_not(
+    distil_pair, tmp_path, tiny_tokenizer, under_zero3
+):
+    teacher, student, _ = distil_pair
+
+    def trainer(kl_weight: float) -> LayerDistillationTrainer:
+        return LayerDistillationTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=make_args(tmp_path, kl_weight=kl_weight, cosine_weight=1.0),
+            train_dataset=prompt_completion_dataset(4),
+            processing_class=tiny_tokenizer,
+        )
+
+    with pytest.raises(InputError, match=r"^kl_weight > 0 is not supported under DeepSpeed ZeRO-3"):
+        trainer(0.5)
+    assert trainer(0.0).cosine_weight == 1.0
+
+
+def test_output_kl_is_refused_under_zero3(tiny_tokenizer, tmp_path, under_zero3):
+    with pytest.raises(InputError, match=r"^output_kl_coef > 0 is not supported under DeepSpeed ZeRO-3"):
+        weighted_trainer(
+            tiny_tokenizer,
+            weighted_data(4),
+            tmp_path,
+            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+            retained_dataset=text_dataset(3),
+            output_kl_coef=1.0,
+        )
+
+
+@pytest.fixture
+def atlas_model(tiny_tokenizer):
+    torch.manual_seed(0)
+    return get_peft_model(build_model("llama", tokenizer=tiny_tokenizer), AtlasConfig(r=2, num_regions=2))
+
+
+def test_an_atlas_adapter_partitioned_by_zero3_refuses_its_forward(atlas_model):
+    inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
+    atlas_model(**inputs)  # not partitioned: runs
+    layer = next(module for module in atlas_model.modules() if isinstance(module, AtlasLinear))
+    layer.atlas_A["default"].ds_id = 0
+    with pytest.raises(InputError, match="not supported under DeepSpeed ZeRO-3"):
+        atlas_model(**inputs)
+
+
+def test_fit_atlas_refuses_a_model_loaded_partitioned(atlas_model, tiny_tokenizer):
+    next(atlas_model.base_model.model.model.embed_tokens.parameters()).ds_id = 0
+    with pytest.raises(InputError, match="not supported under DeepSpeed ZeRO-3"):
+        fit_atlas(atlas_model, text_dataset(4), tiny_tokenizer, progress=False)
