@@ -9,7 +9,7 @@ from trl import SFTConfig, SFTTrainer
 
 from kinfolk.plugins.adapt import LAYER_MAP_FILE, LayerMap, merge
 from kinfolk.testing import prompt_completion_dataset, text_dataset
-from kinfolk.trainers import LayerDistillationTrainer
+from kinfolk.trainers import LayerDistillationTrainer, layer_distillation_trainer
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,15 @@ def test_loss_matches_full_logit_reference(pairs, tmp_path, tiny_tokenizer, arch
     assert trainer._metrics["train"]["distill/kl"][-1] > 0
 
 
-def test_zero_weights_reproduce_sft_trainer(pairs, tmp_path, tiny_tokenizer):
+def test_zero_weights_reproduce_sft_trainer_without_loading_the_teacher(pairs, tmp_path, tiny_tokenizer, monkeypatch):
     pair = pairs["llama"]
+    loaded = []
+    real_load = layer_distillation_trainer.create_model_from_path
+    monkeypatch.setattr(
+        layer_distillation_trainer, "create_model_from_path", lambda *a, **k: loaded.append(a[0]) or real_load(*a, **k)
+    )
     trainer = make_trainer(pair, tmp_path, tiny_tokenizer, kl_weight=0.0, cosine_weight=0.0)
+    assert trainer.teacher_model is None and loaded == []  # both terms off: the teacher is never loaded
     inputs = first_batch(trainer)
     sft = SFTTrainer(
         model=str(pair["student"]),
@@ -60,12 +66,9 @@ def test_zero_weights_reproduce_sft_trainer(pairs, tmp_path, tiny_tokenizer):
         train_dataset=prompt_completion_dataset(8),
         processing_class=tiny_tokenizer,
     )
-    teacher_calls = []
-    trainer.teacher_model.register_forward_hook(lambda *_: teacher_calls.append(1))
     distilled_loss = trainer.compute_loss(trainer.model, dict(inputs), num_items_in_batch=torch.tensor(37))
     sft_loss = sft.compute_loss(sft.model, dict(inputs), num_items_in_batch=torch.tensor(37))
     assert torch.equal(distilled_loss, sft_loss)
-    assert teacher_calls == []  # both terms off: the teacher's forward is not paid for
 
 
 def test_zero_weights_train_the_student_the_teacher_forward_would(pairs, tmp_path, tiny_tokenizer):
@@ -73,11 +76,14 @@ def test_zero_weights_train_the_student_the_teacher_forward_would(pairs, tmp_pat
     computed and enter the loss times zero (what a cross-entropy arm did before the teacher was skipped)."""
 
     def trained(with_teacher: bool) -> dict[str, torch.Tensor]:
+        # with the teacher: built with a cosine term, whose weight is then set to 0 (the terms enter times zero)
         trainer = make_trainer(pairs["gemma2"], tmp_path / str(with_teacher), tiny_tokenizer,
-                               pretraining=text_dataset(8, seed=1), max_steps=4, kl_weight=0.0, cosine_weight=0.0)  # fmt: skip
+                               pretraining=text_dataset(8, seed=1), max_steps=4, kl_weight=0.0,
+                               cosine_weight=1.0 if with_teacher else 0.0)  # fmt: skip
         teacher_calls = []
-        trainer.teacher_model.register_forward_hook(lambda *_: teacher_calls.append(1))
-        trainer._uses_teacher = with_teacher
+        if with_teacher:
+            trainer.teacher_model.register_forward_hook(lambda *_: teacher_calls.append(1))
+            trainer.cosine_weight = 0.0
         trainer.train()
         assert len(teacher_calls) == (4 if with_teacher else 0)
         assert ("distill/kl" in trainer.state.log_history[0]) == with_teacher
@@ -247,10 +253,11 @@ def test_missing_or_unfitting_layer_map_is_refused(pairs, tiny_kit, tmp_path, ti
     with pytest.raises(ValueError, match="no layer map"):
         LayerDistillationTrainer(model=model, teacher_model=str(pair["teacher"]), args=make_args(tmp_path),
                             train_dataset=prompt_completion_dataset(4), processing_class=tiny_tokenizer)  # fmt: skip
-    with pytest.raises(ValueError, match="does not fit a 2-layer student and a 2-layer teacher"):
-        LayerDistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
-                            args=make_args(tmp_path), train_dataset=prompt_completion_dataset(4),
-                            processing_class=tiny_tokenizer)  # fmt: skip
+    for weights in ({}, {"kl_weight": 0.0, "cosine_weight": 0.0}):  # a teacher never loaded is checked too
+        with pytest.raises(ValueError, match="does not fit a 2-layer student and a 2-layer teacher"):
+            LayerDistillationTrainer(model=str(pair["student"]), teacher_model=str(tiny_kit.model_dir("llama", "small")),
+                                args=make_args(tmp_path, **weights), train_dataset=prompt_completion_dataset(4),
+                                processing_class=tiny_tokenizer)  # fmt: skip
 
 
 def test_checkpoints_are_staged_and_published_whole_with_the_layer_map(pairs, tmp_path, tiny_tokenizer, monkeypatch):

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from datasets import Dataset, concatenate_datasets
 from torch import nn
 from torch.utils.data import Sampler
-from transformers import PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from trl import SFTTrainer
 from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
@@ -167,6 +167,13 @@ def distillation_kl(
     return per_token.sum()
 
 
+def _config_of(teacher: str | PreTrainedModel, init_kwargs: dict[str, Any]) -> PretrainedConfig:
+    """The teacher's config without loading its weights (for a teacher given by path)."""
+    if not isinstance(teacher, str):
+        return teacher.config
+    return AutoConfig.from_pretrained(teacher, trust_remote_code=bool(init_kwargs.get("trust_remote_code", False)))
+
+
 def resolve_layer_map(layer_map: LayerMap | str | Path | None, model: Any) -> LayerMap:
     """An explicit map, else the one saved in the student's directory."""
     if isinstance(layer_map, LayerMap):
@@ -215,18 +222,23 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
             refuse_under_sharding(self, "kl_weight > 0", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
 
+        student_layers = self.layer_map.num_student_layers
+        self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
+        # With both terms off the run is a cross-entropy baseline: the teacher would cost its memory and a forward
+        # about what the student's costs, and change nothing (its terms enter the loss times zero), so it is neither
+        # loaded nor run; its config still has to fit the layer map.
+        self._uses_teacher = bool(args.kl_weight or self.cosine_weight)
+        init_kwargs = dict(args.teacher_model_init_kwargs or {})
+        if not self._uses_teacher:
+            self._check_pair(base_model(self.model).config, _config_of(teacher_model, init_kwargs))
+            self.teacher_model = None
+            return
         if isinstance(teacher_model, str):
-            init_kwargs = dict(args.teacher_model_init_kwargs or {})
             if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
                 init_kwargs["device_map"] = None
             teacher_model = create_model_from_path(teacher_model, **init_kwargs)
         teacher_model.eval().requires_grad_(False)
-        self._check_pair(base_model(self.model), teacher_model)
-        student_layers = self.layer_map.num_student_layers
-        self.cosine_weight = args.cosine_weight if args.cosine_weight is not None else 10 / (student_layers + 1)
-        # With both terms off the run is a cross-entropy baseline: the teacher's forward would cost about what the
-        # student's does and change nothing (its terms enter the loss times zero), so it is not run.
-        self._uses_teacher = bool(args.kl_weight or self.cosine_weight)
+        self._check_pair(base_model(self.model).config, teacher_model.config)
         self._student_outputs = LayerOutputs(self.model, list(range(student_layers)))
         self._teacher_outputs = LayerOutputs(teacher_model, self.layer_map.aligned_teacher_layers)
         if self.is_deepspeed_enabled:
@@ -234,15 +246,15 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
         else:
             self.teacher_model = self.accelerator.prepare_model(teacher_model, evaluation_mode=True)
 
-    def _check_pair(self, student: PreTrainedModel, teacher: PreTrainedModel) -> None:
-        student_layers = layout_from_config(student.config).num_layers
-        teacher_layers = layout_from_config(teacher.config).num_layers
+    def _check_pair(self, student: PretrainedConfig, teacher: PretrainedConfig) -> None:
+        student_layers = layout_from_config(student).num_layers
+        teacher_layers = layout_from_config(teacher).num_layers
         if (student_layers, teacher_layers) != (self.layer_map.num_student_layers, self.layer_map.teacher_num_layers):
             raise ValueError(
                 f"the layer map ({self.layer_map.describe()}) does not fit a {student_layers}-layer student and a "
                 f"{teacher_layers}-layer teacher"
             )
-        student_text, teacher_text = student.config.get_text_config(), teacher.config.get_text_config()
+        student_text, teacher_text = student.get_text_config(), teacher.get_text_config()
         for name in ("hidden_size", "vocab_size"):
             if getattr(student_text, name) != getattr(teacher_text, name):
                 raise ValueError(
