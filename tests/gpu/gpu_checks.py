@@ -345,12 +345,16 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
 
 
 def summary(out: Path, skipped: list[str]) -> dict:
-    checks = {}
+    """The one JSON line; every check's whole record (figures too) goes to OUT_DIR/records.json, one file to bring
+    back from a machine that returns few (the saved models beside them are far larger)."""
+    records = {}
     for path in sorted(out.glob("*.json")):
-        if path.name in ("reference.json", "summary.json"):
+        if path.name in ("reference.json", "summary.json", "records.json"):
             continue
         result = json.loads(path.read_text())
-        checks[result["check"]] = {"pass": result["pass"], "failures": result["failures"]}
+        records[result["check"]] = result
+    (out / "records.json").write_text(json.dumps(records, indent=1, default=str))
+    checks = {name: {"pass": result["pass"], "failures": result["failures"]} for name, result in records.items()}
     return {
         "bench": "gpu_checks",
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",

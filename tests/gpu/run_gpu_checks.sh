@@ -12,7 +12,8 @@
 # run `bash tests/gpu/fetch_wheels.sh` where pip works; it fills .gpu-wheels/ (git-ignored), which this script
 # installs first. DeepSpeed is skipped, with a note in the summary, when it cannot be imported.
 # KINFOLK_GPU_CHECKS_DEVICE=cpu: a dry run of these scripts on CPU at a tiny size, with 2-process DDP in place of
-# FSDP2 and ZeRO (checks the scripts, not the GPU).
+# FSDP2 and ZeRO (checks the scripts, not the GPU). KINFOLK_GPU_CHECKS_STAGES="zero3 zero2" runs those stages only
+# (default: single fsdp2 zero2 zero3). OUT_DIR/records.json holds every check's record, figures included.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/gpu-checks}
@@ -32,26 +33,33 @@ $PY -c "import torch, transformers, trl, peft, accelerate; print('stack:', *(f'{
 CHECKS="tests/gpu/gpu_checks.py"
 SCALE="tests/gpu/scale_checks.py"
 skipped=()
-$PY $CHECKS single "$OUT"
-$PY $SCALE single "$OUT"
-if [ "${KINFOLK_GPU_CHECKS_DEVICE:-}" = cpu ]; then
-  for script in $CHECKS $SCALE; do
-    $PY -m accelerate.commands.launch --multi_gpu --num_processes 2 --main_process_port 0 $script launched ddp "$OUT"
-  done
-else
-  for script in $CHECKS $SCALE; do
-    $PY -m accelerate.commands.launch --config_file tests/gpu/fsdp2.yaml $script launched fsdp2 "$OUT"
-  done
-  if $PY -c "import deepspeed" 2>/dev/null; then
-    for stage in 2 3; do
+STAGES=${KINFOLK_GPU_CHECKS_STAGES:-single fsdp2 zero2 zero3}  # a subset reruns what a short device lease allows
+for stage in $STAGES; do
+  case $stage in
+    single)
+      $PY $CHECKS single "$OUT"
+      $PY $SCALE single "$OUT" ;;
+    fsdp2)
       for script in $CHECKS $SCALE; do
-        $PY -m torch.distributed.run --standalone --nproc_per_node 1 $script launched "zero$stage" "$OUT" \
-          --deepspeed "tests/gpu/zero$stage.json"
-      done
-    done
-  else
-    echo "DeepSpeed ZeRO-2/3 skipped: deepspeed cannot be imported (tests/gpu/fetch_wheels.sh builds its wheel)" >&2
-    skipped+=(--skipped "zero2, zero3: deepspeed cannot be imported")
-  fi
-fi
+        if [ "${KINFOLK_GPU_CHECKS_DEVICE:-}" = cpu ]; then  # the dry run: 2-process DDP in place of FSDP2 and ZeRO
+          $PY -m accelerate.commands.launch --multi_gpu --num_processes 2 --main_process_port 0 $script launched ddp "$OUT"
+        else
+          $PY -m accelerate.commands.launch --config_file tests/gpu/fsdp2.yaml $script launched fsdp2 "$OUT"
+        fi
+      done ;;
+    zero2 | zero3)
+      if [ "${KINFOLK_GPU_CHECKS_DEVICE:-}" = cpu ]; then
+        continue
+      elif ! $PY -c "import deepspeed" 2>/dev/null; then
+        echo "DeepSpeed $stage skipped: deepspeed cannot be imported (tests/gpu/fetch_wheels.sh builds its wheel)" >&2
+        skipped+=(--skipped "$stage: deepspeed cannot be imported")
+        continue
+      fi
+      for script in $CHECKS $SCALE; do
+        $PY -m torch.distributed.run --standalone --nproc_per_node 1 $script launched "$stage" "$OUT" \
+          --deepspeed "tests/gpu/$stage.json"
+      done ;;
+    *) echo "unknown stage $stage (single, fsdp2, zero2, zero3)" >&2; exit 2 ;;
+  esac
+done
 $PY $CHECKS summary "$OUT" "${skipped[@]}" | tee "$OUT/summary.json"

@@ -15,6 +15,7 @@ the plumbing with gradient checkpointing in their place.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -94,6 +95,17 @@ def _same_on_every_rank(tensors: list[torch.Tensor]) -> bool:
     return all(torch.equal(gathered[0], other) for other in gathered[1:])
 
 
+def whole(module: torch.nn.Module):
+    """The module's weights gathered where ZeRO-3 partitioned them (a comparison would see empty partitions)."""
+    from kinfolk.sharding import zero3_partitioned
+
+    if not zero3_partitioned(module):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(module.parameters()))
+
+
 def launched(tag: str, out: Path, deepspeed: str | None) -> None:
     from accelerate import PartialState
 
@@ -161,7 +173,6 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
 
     def distillation(figures, failures):
         """The teacher stays frozen; under ZeRO-3 the KL term is refused and the cosine term trains alone."""
-        from kinfolk.sharding import gathered_parameters
         from kinfolk.testing import prompt_completion_dataset, text_dataset
         from kinfolk.trainers import LayerDistillationConfig, LayerDistillationTrainer
 
@@ -188,7 +199,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         trainer = distillation_trainer(kl_weight)
         # The DeepSpeed engine wraps the teacher; its eval() sets the wrapped module's mode, not the engine's own.
         teacher = getattr(trainer.teacher_model, "module", trainer.teacher_model)
-        with gathered_parameters(teacher):
+        with whole(teacher):
             before = [p.detach().clone() for p in teacher.parameters()]
         trainer.train()
         figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} distil")
@@ -196,7 +207,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         figures["distributed_type"] = str(trainer.accelerator.distributed_type)
         if teacher.training or any(p.requires_grad for p in teacher.parameters()):
             failures.append("the teacher is trainable or in training mode")
-        with gathered_parameters(teacher):
+        with whole(teacher):
             if any(not torch.equal(a, b.detach()) for a, b in zip(before, teacher.parameters())):
                 failures.append("the teacher's weights changed during training")
         logged = "distill/kl" if kl_weight else "distill/cosine_distance"
