@@ -113,6 +113,12 @@ ZERO3_UNSUPPORTED = (
 )
 
 
+def refuse_if_zero3(parameter: torch.Tensor) -> None:
+    """Raise `ZERO3_UNSUPPORTED` (one line) when DeepSpeed ZeRO-3 has partitioned the adapter's parameter."""
+    if hasattr(parameter, "ds_id"):
+        raise InputError(ZERO3_UNSUPPORTED)
+
+
 class AtlasLayer(BaseTunerLayer):
     adapter_layer_names = ("atlas_A", "atlas_B")
     other_param_names = (*ATLAS_BUFFERS, "r", "residual")
@@ -262,8 +268,7 @@ class AtlasLinear(nn.Module, AtlasLayer):
             return result
         for adapter_name in self.active_adapters:
             if adapter_name in self.atlas_A:
-                if hasattr(self.atlas_A[adapter_name], "ds_id"):  # DeepSpeed ZeRO-3 partitioned it
-                    raise InputError(ZERO3_UNSUPPORTED)
+                refuse_if_zero3(self.atlas_A[adapter_name])
                 result = result + self.residual_output(x, adapter_name).to(result.dtype)
         return result
 

@@ -320,6 +320,20 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         add_retained_kl(trainer, measure_at_start=True)
         train_with_retained_kl(trainer, figures, failures, f"{tag} atlas", True, reference.get("atlas_step1"))
 
+    def atlas_unmeasured(figures, failures):
+        """Diagnostic: does ATLAS itself train under the launcher? No measurement, the base built before any ZeRO-3
+        config, the forward's ZeRO-3 refusal lifted (the GPU check that made ZeRO-3 refuse ATLAS also measured it
+        through weights gathered for the measurement: docs/distributed.md)."""
+        from kinfolk.plugins.atlas import layer
+
+        refusal, layer.refuse_if_zero3 = layer.refuse_if_zero3, lambda parameter: None
+        try:
+            trainer = atlas_trainer(out / f"{tag}-atlas-unmeasured", tok, deepspeed=deepspeed)
+            trainer.train()
+        finally:
+            layer.refuse_if_zero3 = refusal
+        figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} atlas unmeasured")
+
     def lm_eval_refusal(figures, failures):
         from kinfolk.callbacks import LmEvalCallback
 
@@ -336,6 +350,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
                 f"LmEvalCallback {'refused' if refused else 'accepted'} a {'' if sharded else 'un'}sharded run"
             )
 
+    guarded(out, f"diagnostic_{tag}_atlas_unmeasured", atlas_unmeasured)  # first: before any ZeRO-3 config exists
     guarded(out, f"{tag}_weighted_sft", weighted)
     guarded(out, f"{tag}_atlas_retained_kl", atlas)
     guarded(out, f"{tag}_lm_eval_refusal", lm_eval_refusal)
@@ -355,12 +370,14 @@ def summary(out: Path, skipped: list[str]) -> dict:
         records[result["check"]] = result
     (out / "records.json").write_text(json.dumps(records, indent=1, default=str))
     checks = {name: {"pass": result["pass"], "failures": result["failures"]} for name, result in records.items()}
+    # a diagnostic answers a question for the next change (its check names it) and does not decide the verdict
+    verdict = [check["pass"] for name, check in checks.items() if not name.startswith("diagnostic_")]
     return {
         "bench": "gpu_checks",
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
         "checks": checks,
         "skipped": skipped,
-        "pass": bool(checks) and all(check["pass"] for check in checks.values()),
+        "pass": bool(verdict) and all(verdict),
     }
 
 
