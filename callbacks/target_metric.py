@@ -41,6 +41,7 @@ from kinfolk.divergence.sources import scored_positions
 from kinfolk.drift.log import append_row
 from kinfolk.errors import InputError
 from kinfolk.prefix_cache import MeasuredFromLayer
+from kinfolk.sharding import unsharded_root
 from kinfolk.tokens import IGNORE_INDEX
 
 Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
@@ -88,7 +89,9 @@ class TargetMetricCallback(MeasuredAtSteps):
         batches = getattr(self.measure, "batches", None)
         from_layer = contextlib.nullcontext() if batches is None else self.prefix.active(model, batches)
         try:
-            with preserved_rng(), torch.no_grad(), from_layer:
+            # under FSDP2 the root's own weights (embeddings, norm, head) are gathered: measures run the backbone
+            # and read the head outside the root's forward (`kinfolk.sharding`)
+            with unsharded_root(model), preserved_rng(), torch.no_grad(), from_layer:
                 return float(self.measure(model, getattr(tokenizer, "tokenizer", tokenizer)))
         finally:
             model.train(was_training)

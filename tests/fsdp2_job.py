@@ -10,7 +10,8 @@ one-process reference over all rows, with the same code. Three parts:
   count, times the world size so FSDP's average gives the one-process gradient);
 - `weighted`: `WeightedSFTTrainer.training_step` on full fine-tuning (every weight sharded and trained), its
   micro-batches prepared by `get_batch_samples` (the one-process reference accumulates two micro-batches);
-- `retained_kl`: `RetainedKLCallback.measure()` on the ATLAS model, frozen side from the disabled adapter.
+- `retained_kl`: `RetainedKLCallback.measure()` on the ATLAS model, frozen side from the disabled adapter;
+  `target`: `TargetMetricCallback.score()` of `validation_nll` on the same model.
 
 Each returns its loss (or KL) and the full gradients (`DTensor.full_tensor()`), saved by rank 0.
 """
@@ -26,7 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 from two_process_helpers import gloo_group
 
-from kinfolk.callbacks import RetainedKLCallback
+from kinfolk.callbacks import RetainedKLCallback, TargetMetricCallback
+from kinfolk.callbacks.target_metric import validation_nll
 from kinfolk.layout import decoder_layers
 from kinfolk.logprobs import pad_right
 from kinfolk.testing import prompt_completion_dataset
@@ -85,9 +87,13 @@ def atlas_and_retained_kl(base_dir: str, adapter_dir: str, output_dir: str, shar
         processing_class=tokenizer,
     )
     callback = RetainedKLCallback(trainer, prompt_completion_dataset(6, seed=3), batch_size=2)
+    target = TargetMetricCallback(
+        trainer, validation_nll(prompt_completion_dataset(6, seed=4), tokenizer, batch_size=2)
+    )
     if sharded:
         _shard(model)
     retained_kl = callback.measure()["retained_kl"]
+    target_score = target.score()
 
     tokens = sft_tokenize(prompt_completion_dataset(ROWS, seed=1), tokenizer)
     batch = pad_right(list(tokens["input_ids"]), list(tokens["labels"]), tokenizer.pad_token_id)
@@ -103,6 +109,7 @@ def atlas_and_retained_kl(base_dir: str, adapter_dir: str, output_dir: str, shar
         "atlas_loss": float(_all_reduce(nll.detach().clone()) / total_tokens),
         "atlas_grads": _full_grads(model),
         "retained_kl": retained_kl,
+        "target": target_score,
     }
 
 

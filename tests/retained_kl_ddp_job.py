@@ -1,4 +1,5 @@
-"""Two SFT steps of a LoRA model with RetainedKLCallback, once per frozen-side cache; run under `accelerate launch`.
+"""Two SFT steps of a LoRA model with RetainedKLCallback (and TargetMetricCallback's validation NLL of the same
+rows), once per frozen-side cache; run under `accelerate launch`.
 
 `python -m accelerate.commands.launch --multi_gpu --num_processes 2 retained_kl_ddp_job.py RUN_DIR CACHE [CACHE ...]`
 measures at the start and after each step with each given cache in turn (one launch for all: a launch costs two
@@ -17,6 +18,7 @@ from trl import SFTConfig, SFTTrainer
 from two_process_helpers import train_in_turn
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
+from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.testing import build_model, build_tokenizer, prompt_completion_dataset
 
 RETAINED_ROWS = 5  # with batches of 2: three batches, so one rank measures a weight-0 repeat
@@ -50,6 +52,9 @@ def train(spec: str, run_dir: str) -> SFTTrainer:
     )
     trainer.add_callback(
         RetainedKLCallback(trainer, retained_data(), every_n_steps=1, batch_size=2, cache=cache, measure_at_start=True)
+    )
+    trainer.add_callback(
+        TargetMetricCallback(trainer, validation_nll(retained_data(), tokenizer, batch_size=2), every_n_steps=1)
     )
     trainer.train()
     trainer.save_model(f"{run_dir}/adapter")

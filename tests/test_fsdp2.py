@@ -44,3 +44,9 @@ def test_retained_kl_measurement(sharded_and_single):
     sharded, single = sharded_and_single
     assert single["retained_kl"] > 1e-4  # the random adapter moves the model
     assert sharded["retained_kl"] == pytest.approx(single["retained_kl"], rel=1e-6)
+
+
+def test_target_metric_measurement(sharded_and_single):
+    sharded, single = sharded_and_single
+    assert single["target"] < 0  # minus an NLL
+    assert sharded["target"] == pytest.approx(single["target"], rel=1e-6)

@@ -334,6 +334,26 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
             layer.refuse_if_zero3 = refusal
         figures["loss"] = check_losses(train_records(trainer), failures, f"{tag} atlas unmeasured")
 
+    def target_metric(figures, failures):
+        """TargetMetricCallback (minus the validation NLL of rows like the training rows) logs at its steps and
+        rises; under ZeRO-3 it reads the head through TRL's gather, under FSDP2 with the root's weights gathered."""
+        from kinfolk.callbacks import TargetMetricCallback
+        from kinfolk.callbacks.target_metric import validation_nll
+
+        trainer = weighted_trainer(out / f"{tag}-target", tok, deepspeed=deepspeed, **mixed)
+        rows = weighted_data(32, seed=5).remove_columns("weight")
+        measure = validation_nll(rows, tok, batch_size=8)
+        trainer.add_callback(TargetMetricCallback(trainer, measure, every_n_steps=MEASURE_EVERY))
+        trainer.train()
+        measured = {entry["step"]: entry["target"] for entry in trainer.state.log_history if "target" in entry}
+        figures["target"] = measured
+        if sorted(measured) != list(range(0, STEPS + 1, MEASURE_EVERY)):
+            failures.append(f"target at steps {sorted(measured)}")
+        elif not all(math.isfinite(value) for value in measured.values()):
+            failures.append(f"non-finite target in {measured}")
+        elif not CPU_DRY_RUN and measured[STEPS] <= measured[0]:
+            failures.append(f"the target did not rise: {measured}")
+
     def lm_eval_refusal(figures, failures):
         from kinfolk.callbacks import LmEvalCallback
 
@@ -353,6 +373,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
     guarded(out, f"diagnostic_{tag}_atlas_unmeasured", atlas_unmeasured)  # first: before any ZeRO-3 config exists
     guarded(out, f"{tag}_weighted_sft", weighted)
     guarded(out, f"{tag}_atlas_retained_kl", atlas)
+    guarded(out, f"{tag}_target_metric", target_metric)
     guarded(out, f"{tag}_lm_eval_refusal", lm_eval_refusal)
 
 
