@@ -40,7 +40,9 @@ from kinfolk.drift.churn import churn_report, flat_metrics, outcomes, read_sampl
 from kinfolk.drift.log import append_row
 from kinfolk.eval_tasks import task_dir
 from kinfolk.eval_tasks.execution import ALLOW_ENV
-from kinfolk.sharding import zero_stage
+from kinfolk.sharding import refuse_under_sharding
+
+WHOLE_MODEL_ON_MAIN = "it needs the whole model on the main process; evaluate saved checkpoints with `kinfolk eval`"
 
 ACCELERATORS = ("cuda", "xpu", "mps", "npu")
 
@@ -211,11 +213,7 @@ class LmEvalCallback(MeasuredAtSteps):
     ):
         if not tasks:
             raise ValueError("LmEvalCallback needs at least one task")
-        if getattr(trainer, "is_fsdp_enabled", False) or zero_stage(trainer) == 3:
-            raise NotImplementedError(
-                "LmEvalCallback needs the whole model on the main process; with FSDP or ZeRO-3 evaluate saved "
-                "checkpoints with `kinfolk eval` instead"
-            )
+        refuse_under_sharding(trainer, "LmEvalCallback", WHOLE_MODEL_ON_MAIN, under_fsdp=True)
         super().__init__(every_n_steps)
         self.trainer = trainer
         self.tasks = list(tasks)

@@ -11,6 +11,7 @@ from trl import SFTConfig, SFTTrainer
 from kinfolk.callbacks.evaluation import LmEvalCallback, preserved_rng
 from kinfolk.drift.churn import churn_counts, outcomes, read_samples
 from kinfolk.drift.log import read_rows, steps
+from kinfolk.errors import InputError
 from kinfolk.testing import build_model, prompt_completion_dataset
 
 TASKS = ["kinfolk_csqa_sample", "kinfolk_gsm8k_sample"]
@@ -99,5 +100,5 @@ def test_refuses_sharded_models(tmp_path, tiny_tokenizer):
     class Sharded:
         is_fsdp_enabled = True
 
-    with pytest.raises(NotImplementedError, match="kinfolk eval"):
+    with pytest.raises(InputError, match=r"^LmEvalCallback is not supported under FSDP: .*`kinfolk eval`"):
         LmEvalCallback(Sharded(), TASKS)

@@ -356,6 +356,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
 
     def lm_eval_refusal(figures, failures):
         from kinfolk.callbacks import LmEvalCallback
+        from kinfolk.errors import InputError
 
         trainer = weighted_trainer(out / f"{tag}-refusal", tok, deepspeed=deepspeed, **mixed)
         sharded = trainer.is_fsdp_enabled or getattr(trainer.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
@@ -363,7 +364,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         try:
             LmEvalCallback(trainer, ["kinfolk_csqa_sample"])
             refused = False
-        except NotImplementedError:
+        except InputError:
             refused = True
         if refused != sharded:
             failures.append(
