@@ -105,8 +105,9 @@ NOT_MERGEABLE = (
 )
 
 # The one GPU check under ZeRO-3 (docs/distributed.md) trained an identity-initialised adapter for 30 steps with a flat
-# loss: refused rather than a run that silently learns nothing. A, B are read from ParameterDicts, whose own forward
-# (where ZeRO-3 gathers a module's weights) never runs.
+# loss: refused rather than a run that silently learns nothing. The cause is not isolated (a suspect: A and B are read
+# from ParameterDicts, whose own forward, where ZeRO-3 gathers a module's weights, never runs; the GPU checks'
+# diagnostic_zero3_atlas_unmeasured lifts this refusal to find out).
 ZERO3_UNSUPPORTED = (
     "ATLAS adapters are not supported under DeepSpeed ZeRO-3 (a GPU check trained one with a flat loss); "
     "use DDP, FSDP2 or DeepSpeed ZeRO-2"
