@@ -34,13 +34,19 @@ def zero_stage(trainer) -> int | None:
     return getattr(plugin, "zero_stage", None)
 
 
+def partitioned_by_zero3(parameter: nn.Parameter) -> bool:
+    """Whether ZeRO-3 has partitioned the parameter (DeepSpeed marks each one it does with a `ds_id`)."""
+    return hasattr(parameter, "ds_id")
+
+
 def zero3_partitioned(module: nn.Module) -> bool:
-    """Whether ZeRO-3 has partitioned any of the module's parameters (they carry DeepSpeed's `ds_id`)."""
-    return any(hasattr(parameter, "ds_id") for parameter in module.parameters())
+    """Whether ZeRO-3 has partitioned any of the module's parameters."""
+    return any(partitioned_by_zero3(parameter) for parameter in module.parameters())
 
 
 def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool) -> None:
-    """Raise a one-line InputError (a ValueError) for `option` when the trainer runs ZeRO-3 (or FSDP, with `under_fsdp`)."""
+    """Raise a one-line InputError (a ValueError) for `option` when the trainer runs ZeRO-3 (or FSDP, with
+    `under_fsdp`)."""
     if zero_stage(trainer) == 3:
         launcher = "DeepSpeed ZeRO-3"
     elif under_fsdp and getattr(trainer, "is_fsdp_enabled", False):

@@ -85,6 +85,7 @@ from torch import nn
 
 from kinfolk.errors import AdapterConfigError, InputError
 from kinfolk.plugins.atlas.config import AtlasConfig
+from kinfolk.sharding import partitioned_by_zero3
 
 _EPS = 1e-12
 
@@ -116,7 +117,7 @@ ZERO3_UNSUPPORTED = (
 
 def refuse_if_zero3(parameter: torch.Tensor) -> None:
     """Raise `ZERO3_UNSUPPORTED` (one line) when DeepSpeed ZeRO-3 has partitioned the adapter's parameter."""
-    if hasattr(parameter, "ds_id"):
+    if partitioned_by_zero3(parameter):
         raise InputError(ZERO3_UNSUPPORTED)
 
 
