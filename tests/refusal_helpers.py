@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -92,3 +93,10 @@ def assert_command_refused(
     assert created == [], f"side files created: {created}"
     assert snapshot(inputs) == before, "an input was modified"
     return errors[0]
+
+
+def write_lines(path: Path, lines: Iterable[str | dict]) -> Path:
+    """Write `lines` to `path` as they are (a string: the line's text, its newline included) or as JSON (a record,
+    no newline: a file's malformed last line)."""
+    path.write_text("".join(line if isinstance(line, str) else json.dumps(line) for line in lines))
+    return path

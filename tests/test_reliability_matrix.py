@@ -87,6 +87,7 @@ KILL = "test_kill_and_resume.py"
 TERM = "test_interrupts.py"
 DISK = "test_disk_space.py"
 BAD = "test_bad_inputs_commands.py"
+BAD_LM_EVAL = "test_bad_inputs_lm_eval.py"
 MERGE_CASES = f"{BAD}::test_merge_refuses_bad_configs_and_inputs"
 MERGE_HEAVY = {  # every op writes through one writer (`kinfolk.plugins.adapt.execute`); each test runs the op named
     "init-student": {
@@ -201,7 +202,7 @@ OUTPUTS: list[Output] = [
     ),
     Output(
         "churn", "--out", "churn.json", "churn {data} {data} --out {out}", "kinfolk.commands.churn.read_samples",
-        interrupted=NO_LOG, heavy={"truncated inputs": f"{BAD}::test_churn_refuses_bad_sample_files_naming_them"},
+        interrupted=NO_LOG, heavy={"truncated inputs": f"{BAD_LM_EVAL}::test_churn_refuses_bad_sample_files_naming_them"},
     ),
     Output(
         "route", "--out", "routing", "route --outcomes {data} --out {out}",
@@ -215,7 +216,7 @@ OUTPUTS: list[Output] = [
         "lm_eval.evaluator.simple_evaluate",
         exists="kept: lm-eval adds a results file named by the time", overwrite="n/a (no `--overwrite`)",
         interrupted=NO_LOG,
-        heavy={"truncated inputs": f"{BAD}::test_eval_refuses_bad_models_adapters_tasks_and_paths_before_loading"},
+        heavy={"truncated inputs": f"{BAD_LM_EVAL}::test_eval_refuses_bad_models_adapters_tasks_and_paths_before_loading"},
     ),
 ]
 # fmt: on
