@@ -22,6 +22,10 @@ and adapter lies in decoder layer L or above (ATLAS's placement, LoRA on one lay
 layer L on this process's retained batches are computed once (`kinfolk.prefix_cache`), and each measurement runs
 layers L.. and the head only; exact, and not used (read from the model) when anything below L can change.
 
+Under FSDP2 and DeepSpeed ZeRO-3 the head read outside the model's forward is gathered whole for each measurement
+(`kinfolk.sharding`); a test trains under ZeRO-3 on two CPU processes and recomputes the logged KL from the saved
+weights.
+
     trainer = SFTTrainer(model=peft_model, args=SFTConfig(output_dir="out", eval_strategy="steps"), ...)
     trainer.add_callback(RetainedKLCallback(trainer, retained_dataset, every_n_steps=50))
     trainer.train()
@@ -51,7 +55,7 @@ from kinfolk.divergence import (
 )
 from kinfolk.drift.log import append_row
 from kinfolk.prefix_cache import MeasuredFromLayer
-from kinfolk.sharding import HEAD_OUTSIDE_FORWARD, refuse_under_sharding, unsharded_root
+from kinfolk.sharding import unsharded_root
 
 FROZEN_CACHE_FILE = "retained_kl_frozen{rank}.safetensors"
 PREFIX_DIRECTORY = "retained_kl_prefix{rank}"  # where large kept layer inputs go, freed at the end of training
@@ -108,7 +112,6 @@ class RetainedKLCallback(MeasuredAtSteps):
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
-        refuse_under_sharding(trainer, "RetainedKLCallback", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         super().__init__(every_n_steps, measure_at_start, at_steps)
         self.trainer = trainer
         self.positions = positions

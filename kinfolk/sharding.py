@@ -8,8 +8,9 @@ decoder layers still gather their own in their forward. Meant for measurements u
 parameters would be missing in a later backward. (It reaches into FSDP2's private `_lazy_init`, in this one place.)
 
 ZeRO-3 keeps a partition of every parameter on each rank (a tensor of shape [0] in the module) and gathers a
-module's parameters in hooks around that module's forward. What reads weights outside those forwards is refused
-under ZeRO-3 with one line (`refuse_under_sharding`), as the GPU checks found it failing (docs/distributed.md).
+module's parameters in hooks around that module's forward. A measurement that reads the head outside those forwards
+gathers it for the read (`gathered_for_reading`); a loss that trains through it that way is refused under ZeRO-3
+with one line (`refuse_under_sharding`), as the GPU checks found such paths failing (docs/distributed.md).
 
 >>> import torch
 >>> with unsharded_root(torch.nn.Linear(2, 2)):  # not sharded: nothing to do
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 from kinfolk.errors import InputError
@@ -44,6 +46,22 @@ def zero3_partitioned(module: nn.Module) -> bool:
     return any(partitioned_by_zero3(parameter) for parameter in module.parameters())
 
 
+@contextlib.contextmanager
+def gathered_for_reading(*tensors: torch.Tensor | None) -> Iterator[None]:
+    """The ZeRO-3-partitioned parameters among `tensors` gathered whole for the block, for reading outside their
+    module's forward (a measurement); anything else passes through: None, a plain tensor (a head's frozen copy) and
+    every tensor outside ZeRO-3. TRL's `maybe_gather_lm_head_ctx` gathers, given only DeepSpeed's parameters (it reads
+    their `ds_status`, which a plain tensor lacks). No gradient reaches the partitions through the gathered copies."""
+    partitioned = [tensor for tensor in tensors if tensor is not None and partitioned_by_zero3(tensor)]
+    if not partitioned:
+        yield
+        return
+    from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+    with maybe_gather_lm_head_ctx(*partitioned):
+        yield
+
+
 def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool) -> None:
     """Raise a one-line InputError (a ValueError) for `option` when the trainer runs ZeRO-3 (or FSDP, with
     `under_fsdp`)."""
@@ -56,7 +74,9 @@ def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool
     raise InputError(f"{option} is not supported under {launcher}: {reason} (use DDP or DeepSpeed ZeRO-2)")
 
 
-HEAD_OUTSIDE_FORWARD = "it reads the output head outside the model's forward, where only a shard of it is held"
+# A loss that reads the head outside the model's forward: a gathered copy would give it the weights but its gradient
+# would never reach the shards (measurements, which need no gradient, gather instead: `gathered_for_reading`).
+HEAD_OUTSIDE_FORWARD = "its loss reads the output head outside the model's forward, where only a shard of it is held"
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from peft import LoraConfig, get_peft_model
 from trl import SFTConfig, SFTTrainer
-from two_process_helpers import train_in_turn
+from two_process_helpers import TWO_CPU_STEPS, train_in_turn
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
@@ -34,19 +34,7 @@ def train(spec: str, run_dir: str) -> SFTTrainer:
     tokenizer = build_tokenizer()
     lora = LoraConfig(r=4, target_modules=LORA.target_modules, layers_to_transform=[int(layer)]) if layer else LORA
     model = get_peft_model(build_model("llama", tokenizer=tokenizer), lora)
-    args = SFTConfig(
-        output_dir=run_dir,
-        max_steps=2,
-        per_device_train_batch_size=4,
-        learning_rate=5e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        seed=0,
-        max_length=64,
-        bf16=False,
-        use_cpu=True,
-    )
+    args = SFTConfig(output_dir=run_dir, learning_rate=5e-2, **TWO_CPU_STEPS)
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=prompt_completion_dataset(16), processing_class=tokenizer
     )

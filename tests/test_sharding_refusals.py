@@ -1,10 +1,12 @@
-"""What reads weights outside a module's forward is refused under DeepSpeed ZeRO-3 (Output-KL under FSDP too) with
-one line naming the option and the launcher, as the GPU checks found those paths failing (docs/distributed.md).
+"""A loss that reads weights outside a module's forward is refused under DeepSpeed ZeRO-3 (Output-KL under FSDP too)
+with one line naming the option and the launcher, as the GPU checks found those paths failing (docs/distributed.md);
+a measurement gathers the head it reads instead.
 
-CI has no DeepSpeed and no GPU: a trainer's ZeRO stage is set through `kinfolk.sharding.zero_stage`, and a ZeRO-3
-partitioned parameter is marked as DeepSpeed marks it (`ds_id`). The launchers themselves run in tests/gpu.
+Here a trainer's ZeRO stage is set through `kinfolk.sharding.zero_stage`, and a ZeRO-3 partitioned parameter is
+marked as DeepSpeed marks it (`ds_id`); ZeRO-3 itself runs in tests/test_zero3.py (two CPU processes) and tests/gpu.
 """
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +16,6 @@ from peft import LoraConfig, get_peft_model
 from sft_helpers import weighted_data, weighted_trainer
 
 from kinfolk import sharding
-from kinfolk.callbacks import RetainedKLCallback
 from kinfolk.errors import InputError
 from kinfolk.plugins.atlas import AtlasConfig, fit_atlas
 from kinfolk.plugins.atlas.layer import AtlasLinear
@@ -63,9 +64,37 @@ def test_zero_stage_reads_the_deepspeed_plugin():
     assert sharding.zero_stage(object()) is None
 
 
-def test_retained_kl_callback_is_refused_under_zero3(tiny_tokenizer):
-    with pytest.raises(InputError, match=r"^RetainedKLCallback is not supported under DeepSpeed ZeRO-3: .*head"):
-        RetainedKLCallback(launched_trainer(3), text_dataset(2), tiny_tokenizer)
+def test_a_measurement_gathers_only_the_partitioned_tensors(monkeypatch):
+    """TRL's gather reads `ds_status`, which a head's frozen copy (a plain tensor) lacks: the GPU check's failure."""
+    import trl.trainer.utils
+
+    gathered = []
+
+    @contextlib.contextmanager
+    def gather(*parameters):
+        gathered.append(parameters)
+        yield
+
+    monkeypatch.setattr(trl.trainer.utils, "maybe_gather_lm_head_ctx", gather)
+    plain, partitioned = torch.zeros(2), torch.nn.Parameter(torch.zeros(0))
+    with sharding.gathered_for_reading(None, plain):
+        pass
+    assert gathered == []
+    partitioned.ds_id = 0  # as DeepSpeed marks each parameter it partitions
+    with sharding.gathered_for_reading(plain, None, partitioned):
+        pass
+    assert gathered == [(partitioned,)]
+
+
+def test_under_zero3_divergences_use_the_stand_in_kernel(monkeypatch):
+    """TRL's kernel gathers both heads itself under ZeRO-3 and fails on a plain tensor; the stand-in computes the same
+    numbers (tests/test_divergence.py) from the heads kinfolk gathered."""
+    import transformers.integrations.deepspeed as hf_deepspeed
+
+    from kinfolk.compat import trl as trl_compat
+
+    monkeypatch.setattr(hf_deepspeed, "is_deepspeed_zero3_enabled", lambda: True)
+    assert trl_compat.chunked_divergence_function() is trl_compat.divergence_from_logits
 
 
 def test_distillation_kl_is_refused_under_zero3_and_the_cosine_term_is_not(

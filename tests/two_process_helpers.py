@@ -25,25 +25,32 @@ import torch
 from kinfolk.process_group import end_process_group, end_training
 
 TIMEOUT = 900
+# A job's two logged training steps on CPU, nothing saved on the way (a trainer config's fields)
+TWO_CPU_STEPS = {
+    "max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "save_strategy": "no", "report_to": [],
+    "seed": 0, "max_length": 64, "bf16": False, "use_cpu": True,
+}  # fmt: skip
 Run = TypeVar("Run")
 
 
-def environment(*paths: Path) -> dict[str, str]:
-    variables = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-    variables.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE")
-    variables["PYTHONPATH"] = os.pathsep.join([*map(str, paths), variables.get("PYTHONPATH", "")])
-    return variables
+def environment(*paths: Path, variables: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a job: one thread, no GPU, offline, `paths` importable, then `variables`."""
+    launched = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+    launched.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE")
+    launched["PYTHONPATH"] = os.pathsep.join([*map(str, paths), launched.get("PYTHONPATH", "")])
+    return launched | (variables or {})
 
 
-def run(command: list[str], *paths: Path) -> subprocess.CompletedProcess:
-    finished = subprocess.run(command, env=environment(*paths), capture_output=True, text=True, timeout=TIMEOUT)
+def run(command: list[str], *paths: Path, variables: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    launched = environment(*paths, variables=variables)
+    finished = subprocess.run(command, env=launched, capture_output=True, text=True, timeout=TIMEOUT)
     assert finished.returncode == 0, f"{finished.stdout[-2000:]}\n{finished.stderr[-6000:]}"
     return finished
 
 
-def torchrun(script: Path, *arguments: str) -> subprocess.CompletedProcess:
+def torchrun(script: Path, *arguments: str, variables: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    return run([*command, *arguments], script.parent)
+    return run([*command, *arguments], script.parent, variables=variables)
 
 
 def accelerate_flags() -> list[str]:

@@ -109,8 +109,12 @@ def divergence_from_logits(
 
 
 def chunked_divergence_function():
-    """TRL's chunked divergence kernel (`ChunkedDivergenceFunction.apply`) from 1.15, else its stand-in."""
-    if not FUSED_KERNELS:
+    """TRL's chunked divergence kernel (`ChunkedDivergenceFunction.apply`) from 1.15, else its stand-in. Under
+    DeepSpeed ZeRO-3 the stand-in too: TRL's kernel then gathers both heads as DeepSpeed parameters and fails on a
+    plain tensor (a frozen head's copy, any detached head), where kinfolk has gathered the heads already."""
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    if not FUSED_KERNELS or is_deepspeed_zero3_enabled():
         return divergence_from_logits
     from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 

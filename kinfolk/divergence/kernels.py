@@ -14,6 +14,7 @@ from torch import nn
 
 from kinfolk.compat.trl import chunked_divergence_function
 from kinfolk.layout import base_model
+from kinfolk.sharding import gathered_for_reading
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 # Tokens handed to the kernel per call: its buffers are (tokens × 32768) fp32 tiles, so this caps their size.
@@ -218,8 +219,26 @@ def chunked_divergence(
 ) -> torch.Tensor:
     """Per-token divergence (N,) between frozen and current distributions given (N, H) hidden states.
 
-    Differentiable with respect to `current_hidden` and the current head; the frozen side gets no gradient.
+    Differentiable with respect to `current_hidden` and the current head; the frozen side gets no gradient. Under
+    ZeRO-3 each head read here, outside its module's forward, is gathered whole for the call (a measurement's use).
     """
+    heads = (current_head.weight, current_head.bias, frozen_head.weight, frozen_head.bias)
+    with gathered_for_reading(*heads):
+        return _chunked_divergence(
+            current_hidden, current_head, frozen_hidden, frozen_head, kind, beta, temperature, token_chunk_size
+        )
+
+
+def _chunked_divergence(
+    current_hidden: torch.Tensor,
+    current_head: OutputHead,
+    frozen_hidden: torch.Tensor,
+    frozen_head: OutputHead,
+    kind: str,
+    beta: float,
+    temperature: float,
+    token_chunk_size: int,
+) -> torch.Tensor:
     if current_head.weight.shape[0] != frozen_head.weight.shape[0]:
         raise ValueError(
             f"vocabularies differ: current head has {current_head.weight.shape[0]} rows, "

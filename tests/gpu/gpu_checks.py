@@ -299,9 +299,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         from transformers import AutoModelForCausalLM
 
         trainer = weighted_trainer(out / f"{tag}-weighted", tok, deepspeed=deepspeed, **mixed)
-        if refused_under_zero3(tag, figures, failures, lambda: add_retained_kl(trainer)):
-            return
-        add_retained_kl(trainer)  # full fine-tuning: the frozen side is the model at train start
+        add_retained_kl(trainer)  # full fine-tuning: the frozen side is the model at train start (ZeRO-3: gathered)
         figures["distributed_type"] = str(trainer.accelerator.distributed_type)
         figures["num_processes"] = trainer.accelerator.num_processes
         train_with_retained_kl(trainer, figures, failures, f"{tag} weighted", False, reference.get("weighted_step1"))
