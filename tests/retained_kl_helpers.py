@@ -1,4 +1,5 @@
-"""Shared by the retained-KL tests: a tiny SFT run's config and the retained KL computed independently of the callback."""
+"""Shared by the retained-KL tests: a tiny SFT run's config, and the retained KL and the target score (minus the NLL)
+computed independently of the callbacks."""
 
 import torch
 from trl import SFTConfig
@@ -39,5 +40,19 @@ def reference_retained_kl(frozen, current, tokenizer, retained, positions="respo
             )
             kl = (log_p.exp() * (log_p - log_q)).sum(-1)
             total += float(kl[scored].sum())
+            count += int(scored.sum())
+    return total / count
+
+
+def reference_target(model, tokenizer, rows) -> float:
+    """Minus the mean NLL per completion token, from plain full forwards one row at a time."""
+    tokens = sft_tokenize(rows, tokenizer)
+    total = count = 0.0
+    with torch.no_grad():
+        for ids, labels in zip(tokens["input_ids"], tokens["labels"]):
+            log_probs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].double(), -1)
+            targets = torch.tensor(labels[1:])
+            scored = targets != -100
+            total += float(log_probs[torch.arange(len(targets)), targets.clamp(min=0)][scored].sum())
             count += int(scored.sum())
     return total / count

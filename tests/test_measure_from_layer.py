@@ -4,30 +4,15 @@ default, they log the KL and target score of full forwards (computed independent
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from retained_kl_helpers import reference_retained_kl, sft_config
+from retained_kl_helpers import reference_retained_kl, reference_target, sft_config
 from trl import SFTTrainer
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
 from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.drift.log import read_rows, steps
 from kinfolk.testing import build_model, perturbed_copy, prompt_completion_dataset
-from kinfolk.tokens import sft_tokenize
 
 LAYER = 2
-
-
-def reference_target(model, tokenizer, rows) -> float:
-    """Minus the mean NLL per completion token, from plain full forwards one row at a time."""
-    tokens = sft_tokenize(rows, tokenizer)
-    total = count = 0.0
-    with torch.no_grad():
-        for ids, labels in zip(tokens["input_ids"], tokens["labels"]):
-            log_probs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].double(), -1)
-            targets = torch.tensor(labels[1:])
-            scored = targets != -100
-            total += float(log_probs[torch.arange(len(targets)), targets.clamp(min=0)][scored].sum())
-            count += int(scored.sum())
-    return total / count
 
 
 def run(tmp_path, tokenizer, architecture, from_layer: bool):

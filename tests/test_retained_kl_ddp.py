@@ -4,9 +4,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from peft import PeftModel
-from retained_kl_helpers import reference_retained_kl
+from retained_kl_helpers import reference_retained_kl, reference_target
 from two_process_helpers import accelerate
 
 from kinfolk.drift.log import read_rows, steps
@@ -52,16 +51,3 @@ def test_two_processes_log_the_kl_of_the_whole_retained_set(run_dirs, tiny_token
     assert rows[2]["from_layer"] == (1 if cache == "auto@1" else None)
     # TargetMetricCallback: every process measures all rows; the logged score is the one-process one
     assert rows[2]["target"] == pytest.approx(reference_target(trained, tiny_tokenizer, retained), rel=1e-5)
-
-
-def reference_target(model, tokenizer, rows) -> float:
-    """Minus the mean NLL per trained token, from each row's full logits."""
-    tokens = sft_tokenize(rows, tokenizer)
-    total = count = 0.0
-    with torch.no_grad():
-        for ids, labels in zip(tokens["input_ids"], tokens["labels"]):
-            logits, targets = model(input_ids=torch.tensor([ids])).logits[0, :-1], torch.tensor(labels[1:])
-            trained = targets != -100
-            total += float(torch.nn.functional.cross_entropy(logits[trained], targets[trained], reduction="sum"))
-            count += int(trained.sum())
-    return -total / count

@@ -1,5 +1,6 @@
-"""DeepSpeed ZeRO-3 on two CPU processes (DeepSpeed's CPU accelerator over gloo): RetainedKLCallback measures a model
-whose every parameter is partitioned, and its logged KL is the one recomputed in one process from the saved weights.
+"""DeepSpeed ZeRO-3 on two CPU processes (DeepSpeed's CPU accelerator over gloo): RetainedKLCallback and
+TargetMetricCallback measure a model whose every parameter is partitioned, and log the KL and the score recomputed in
+one process from the saved weights.
 
 The GPU checks (tests/gpu) found the head read outside the model's forward failing under ZeRO-3 ("current head has
 0 rows"); measurements now gather it for the read (`kinfolk.sharding.gathered_for_reading`).
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from peft import PeftModel
 from retained_kl_ddp_job import retained_data
-from retained_kl_helpers import reference_retained_kl
+from retained_kl_helpers import reference_retained_kl, reference_target
 from transformers import AutoModelForCausalLM
 from two_process_helpers import torchrun
 
@@ -49,3 +50,5 @@ def test_retained_kl_under_zero3_is_the_kl_of_the_saved_weights(run_dir, tiny_to
     expected = reference_retained_kl(base, trained, tiny_tokenizer, retained_data())
     assert expected > 1e-3
     assert rows[2]["retained_kl"] == pytest.approx(expected, rel=1e-4)
+    # TargetMetricCallback: every process measures all rows; the logged score is the one-process one
+    assert rows[2]["target"] == pytest.approx(reference_target(trained, tiny_tokenizer, retained_data()), rel=1e-5)

@@ -1,6 +1,6 @@
 """Two SFT steps under DeepSpeed ZeRO-3 on two CPU processes (DeepSpeed's CPU accelerator, gloo), measured by
-RetainedKLCallback: full fine-tuning (its frozen side a copy of the head taken at the start) and LoRA (the frozen side
-the model with its adapter switched off).
+RetainedKLCallback and TargetMetricCallback's validation NLL of the same rows: full fine-tuning (the retained KL's
+frozen side a copy of the head taken at the start) and LoRA (the frozen side the model with its adapter switched off).
 
 `DS_ACCELERATOR=cpu python -m torch.distributed.run --standalone --nproc_per_node 2 zero3_job.py RUN_DIR` loads
 RUN_DIR/base after the ZeRO-3 arguments exist, as a user's script does (so every parameter is partitioned), trains
@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from two_process_helpers import TWO_CPU_STEPS, train_in_turn
 
 from kinfolk.callbacks.retained_kl import RetainedKLCallback
+from kinfolk.callbacks.target_metric import TargetMetricCallback, validation_nll
 from kinfolk.sharding import zero3_partitioned, zero_stage
 from kinfolk.testing import build_tokenizer, prompt_completion_dataset
 from kinfolk.trainers import WeightedSFTConfig, WeightedSFTTrainer
@@ -51,6 +52,9 @@ def train(run: str, run_dir: Path) -> WeightedSFTTrainer:
     )
     trainer.add_callback(
         RetainedKLCallback(trainer, retained_data(), every_n_steps=1, batch_size=2, measure_at_start=True)
+    )
+    trainer.add_callback(
+        TargetMetricCallback(trainer, validation_nll(retained_data(), tokenizer, batch_size=2), every_n_steps=1)
     )
     trainer.train()
     trainer.save_model(str(run_dir / run / "saved"))
