@@ -31,7 +31,12 @@ from kinfolk.errors import InputError
 
 
 def zero_stage(trainer) -> int | None:
-    """The trainer's DeepSpeed ZeRO stage, None without DeepSpeed."""
+    """The trainer's DeepSpeed ZeRO stage, None without DeepSpeed. Before a trainer exists (`trainer` None): 3 while
+    transformers holds a live ZeRO-3 config (the arguments' `deepspeed`; models then load partitioned), else None."""
+    if trainer is None:
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        return 3 if is_deepspeed_zero3_enabled() else None
     plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
     return getattr(plugin, "zero_stage", None)
 
@@ -64,7 +69,7 @@ def gathered_for_reading(*tensors: torch.Tensor | None) -> Iterator[None]:
 
 def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool) -> None:
     """Raise a one-line InputError (a ValueError) for `option` when the trainer runs ZeRO-3 (or FSDP, with
-    `under_fsdp`)."""
+    `under_fsdp`); `trainer` None: when the arguments configure ZeRO-3 (`zero_stage`), before anything loads."""
     if zero_stage(trainer) == 3:
         launcher = "DeepSpeed ZeRO-3"
     elif under_fsdp and getattr(trainer, "is_fsdp_enabled", False):

@@ -7,6 +7,9 @@ marked as DeepSpeed marks it (`ds_id`); ZeRO-3 itself runs in tests/test_zero3.p
 """
 
 import contextlib
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +17,7 @@ import torch
 from distil_helpers import make_args
 from peft import LoraConfig, get_peft_model
 from sft_helpers import weighted_data, weighted_trainer
+from two_process_helpers import environment
 
 from kinfolk import sharding
 from kinfolk.errors import InputError
@@ -114,6 +118,43 @@ def test_distillation_kl_is_refused_under_zero3_and_the_cosine_term_is_not(
     with pytest.raises(InputError, match=r"^kl_weight > 0 is not supported under DeepSpeed ZeRO-3"):
         trainer(0.5)
     assert trainer(0.0).cosine_weight == 1.0
+
+
+# Run in a fresh process: ZeRO-3 arguments set process-wide state (transformers' DeepSpeed config, accelerate's
+# environment) that later tests of a worker would inherit.
+REFUSED_BEFORE_LOADING = """
+import sys
+from pathlib import Path
+
+import trl
+from distil_helpers import make_args
+
+from kinfolk.errors import InputError
+from kinfolk.trainers import LayerDistillationTrainer
+
+
+def loaded(*args, **kwargs):
+    raise AssertionError("the student was loaded")
+
+
+trl.SFTTrainer.__init__ = loaded
+zero3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"}
+args = make_args(Path(sys.argv[1]), kl_weight=1.0, deepspeed=zero3)
+try:
+    LayerDistillationTrainer(model="no-such-student", teacher_model="no-such-teacher", args=args)
+except InputError as error:
+    print(error)
+"""
+
+
+def test_distillation_kl_is_refused_from_zero3_arguments_before_the_student_loads(tmp_path):
+    """With no trainer yet, the ZeRO-3 arguments alone (transformers' own flag, not a stand-in) refuse the KL term:
+    before the student (and its layer map, here missing) is read."""
+    command = [sys.executable, "-c", REFUSED_BEFORE_LOADING, str(tmp_path)]
+    variables = environment(Path(__file__).parent, variables={"DS_ACCELERATOR": "cpu"})
+    done = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("kl_weight > 0 is not supported under DeepSpeed ZeRO-3: ")
 
 
 def test_output_kl_is_refused_under_zero3(tiny_tokenizer, tmp_path, under_zero3):

@@ -212,13 +212,15 @@ class LayerDistillationTrainer(AtomicCheckpointsMixin, SFTTrainer):
             args = LayerDistillationConfig(f"{Path(str(name)).name}-distilled")
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("LayerDistillationTrainer computes its own loss; compute_loss_func is not supported")
+        if args.kl_weight:  # from the arguments, before the student loads (minutes for a large one)
+            refuse_under_sharding(None, "kl_weight > 0", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         self.layer_map = resolve_layer_map(layer_map or args.layer_map, model)
         super().__init__(
             model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=processing_class, **kwargs,
         )  # fmt: skip
         warn_if_fewer_processes(self.args.world_size)
-        if args.kl_weight:
+        if args.kl_weight:  # again from the launcher: accelerate's config without zero3_init_flag sets no such flag
             refuse_under_sharding(self, "kl_weight > 0", HEAD_OUTSIDE_FORWARD, under_fsdp=False)
         self._phase_sizes = self._add_pretraining_phase(pretraining_dataset)
 
