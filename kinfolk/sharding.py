@@ -79,8 +79,9 @@ def refuse_under_sharding(trainer, option: str, reason: str, *, under_fsdp: bool
     raise InputError(f"{option} is not supported under {launcher}: {reason} (use DDP or DeepSpeed ZeRO-2)")
 
 
-# A loss that reads the head outside the model's forward: a gathered copy would give it the weights but its gradient
-# would never reach the shards (measurements, which need no gradient, gather instead: `gathered_for_reading`).
+# A loss that reads the head outside the model's forward. With the head gathered as a measurement gathers it
+# (`gathered_for_reading`), Output-KL under ZeRO-3 on two CPU processes trained with gradients unlike DDP's
+# (docs/distributed.md): such a loss is refused, a measurement (no gradient) gathers.
 HEAD_OUTSIDE_FORWARD = "its loss reads the output head outside the model's forward, where only a shard of it is held"
 
 
