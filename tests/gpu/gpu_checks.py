@@ -296,7 +296,7 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
     mixed = {"bf16": True}
 
     def weighted(figures, failures):
-        from transformers import AutoModelForCausalLM
+        from safetensors.torch import load_file
 
         trainer = weighted_trainer(out / f"{tag}-weighted", tok, deepspeed=deepspeed, **mixed)
         add_retained_kl(trainer)  # full fine-tuning: the frozen side is the model at train start (ZeRO-3: gathered)
@@ -305,11 +305,14 @@ def launched(tag: str, out: Path, deepspeed: str | None) -> None:
         train_with_retained_kl(trainer, figures, failures, f"{tag} weighted", False, reference.get("weighted_step1"))
         trainer.save_model(str(out / f"{tag}-weighted" / "model"))
         trainer.accelerator.wait_for_everyone()
-        if _rank() == 0:
-            saved = AutoModelForCausalLM.from_pretrained(out / f"{tag}-weighted" / "model")
-            figures["saved_parameters"] = sum(p.numel() for p in saved.parameters())
-            if not all(torch.isfinite(p).all() for p in saved.parameters()):
-                failures.append(f"{tag}: the saved model holds non-finite weights")
+        if _rank() == 0:  # the saved tensors as stored: a from_pretrained here, on one rank, would load under the
+            # live ZeRO-3 config's zero.Init and wait on collectives the other ranks never join
+            saved = {}
+            for shard in (out / f"{tag}-weighted" / "model").glob("*.safetensors"):
+                saved.update(load_file(shard))
+            figures["saved_parameters"] = sum(tensor.numel() for tensor in saved.values())
+            if not saved or not all(torch.isfinite(tensor).all() for tensor in saved.values()):
+                failures.append(f"{tag}: the saved model holds no weights or non-finite ones")
 
     def atlas(figures, failures):
         if refused_under_zero3(tag, figures, failures, lambda: atlas_trainer(out / f"{tag}-atlas", tok, deepspeed)):
