@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.batches import retained_batches
 from kinfolk.callbacks.evaluation import preserved_rng, run_lm_eval, score_metrics
@@ -41,7 +40,7 @@ from kinfolk.divergence.sources import scored_positions
 from kinfolk.drift.log import append_row
 from kinfolk.errors import InputError
 from kinfolk.prefix_cache import MeasuredFromLayer
-from kinfolk.sharding import unsharded_root
+from kinfolk.sharding import gathered_for_reading, unsharded_root
 from kinfolk.tokens import IGNORE_INDEX
 
 Measure = Callable[[torch.nn.Module, Any], float]  # (model, tokenizer) -> score, higher is better
@@ -121,7 +120,7 @@ class ValidationNLL:
     def __call__(self, model: torch.nn.Module, _tokenizer=None) -> float:
         head = OutputHead.of(model)
         total = tokens = 0.0
-        with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+        with torch.no_grad(), gathered_for_reading(head.weight, head.bias):
             for batch in self.batches:
                 batch = {name: tensor.to(head.weight.device) for name, tensor in batch.items()}
                 # the head on the scored positions only (a completion is often a small part of a row)

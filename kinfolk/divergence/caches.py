@@ -19,7 +19,6 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from kinfolk.atomic import atomic_file
 from kinfolk.divergence.kernels import (
@@ -33,6 +32,7 @@ from kinfolk.divergence.kernels import (
     no_tokens,
 )
 from kinfolk.divergence.sources import Comparison, FrozenSource, scored_positions
+from kinfolk.sharding import gathered_for_reading
 from kinfolk.tokens import IGNORE_INDEX
 
 
@@ -166,7 +166,7 @@ class HiddenStateCache(_BatchCache):
         }
         head = OutputHead.of(model)
         if copy_head or (copy_head is None and head.trainable):
-            with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            with gathered_for_reading(head.weight, head.bias):
                 head = dataclasses.replace(
                     head,
                     weight=head.weight.detach().clone(),
@@ -269,7 +269,7 @@ class ExpectationCache(_BatchCache):
         factor = head.scale / temperature
         for key, hidden in _frozen_hidden(model, batches, disable_adapter):
             moments = []
-            with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+            with torch.no_grad(), gathered_for_reading(head.weight, head.bias):
                 weight = head.weight.float()  # m = Wᵀp needs fp32 throughout: an error in m is an error in KL
                 for start in range(0, max(hidden.shape[0], 1), token_chunk_size):
                     p = log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature)).exp()
@@ -301,7 +301,7 @@ class ExpectationCache(_BatchCache):
         factor = head.scale / temperature
         if current_hidden.shape[0] == 0:
             return no_tokens(current_hidden), None
-        with maybe_gather_lm_head_ctx(head.weight, head.bias):
+        with gathered_for_reading(head.weight, head.bias):
             values = (
                 constant - factor * _dot(current_hidden, moment) + log_normaliser(current_hidden, head, temperature)
             )
@@ -350,7 +350,7 @@ class FrozenCache(_BatchCache):
         head = OutputHead.of(model)
         for key, hidden in _frozen_hidden(model, batches, disable_adapter):
             # At least one (possibly empty) chunk, so an all-masked batch still gets an entry of the right shape.
-            with torch.no_grad(), maybe_gather_lm_head_ctx(head.weight, head.bias):
+            with torch.no_grad(), gathered_for_reading(head.weight, head.bias):
                 parts = [
                     cache._entry(log_softmax(head.logits(hidden[start : start + token_chunk_size], temperature)))
                     for start in range(0, max(hidden.shape[0], 1), token_chunk_size)
@@ -390,7 +390,7 @@ class FrozenCache(_BatchCache):
             piece = {name: tensor[start : start + DEFAULT_TOKEN_CHUNK] for name, tensor in entry.items()}
 
             def run(hidden, piece=piece):
-                with maybe_gather_lm_head_ctx(head.weight, head.bias):
+                with gathered_for_reading(head.weight, head.bias):
                     return _cache_entry_divergence(hidden, head, piece, kind, beta, temperature)
 
             chunk = current_hidden[start : start + DEFAULT_TOKEN_CHUNK]
