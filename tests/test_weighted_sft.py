@@ -225,3 +225,17 @@ def test_an_sft_config_is_upgraded_with_the_weight_options_at_their_defaults(tin
     assert isinstance(trainer.args, WeightedSFTConfig)
     assert (trainer.args.eos_token, trainer.args.per_device_train_batch_size) == ("<|im_end|>", 3)
     assert (trainer.args.weight_column, trainer.args.weight_reduction) == ("weight", "token")
+
+
+def test_an_adapters_initial_weights_follow_the_seed_whatever_was_drawn_before(tiny_tokenizer, tmp_path):
+    """TRL 1.14 wrapped the model with PEFT before seeding; the trainer seeds first on every TRL of the window."""
+    from peft import LoraConfig
+
+    initial = []
+    for drawn_before in (1, 1000):
+        torch.rand(drawn_before)  # the process's RNG at another state each time
+        trainer = weighted_trainer(tiny_tokenizer, weighted_data(), tmp_path / str(drawn_before), seed=3,
+                                   peft_config=LoraConfig(r=4, target_modules=["q_proj"]))  # fmt: skip
+        initial.append({name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_A" in name})
+    assert initial[0].keys() == initial[1].keys() and initial[0]
+    assert_same_tensors(initial[0], initial[1])

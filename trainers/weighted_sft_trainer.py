@@ -56,7 +56,7 @@ from trl.data_utils import pack_dataset
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from trl.trainer.utils import global_then_local_main_first
 
-from kinfolk.compat.trl import FUSED_KERNELS, chunked_nll_metrics, label_log_probs_from_logits
+from kinfolk.compat.trl import FUSED_KERNELS, chunked_nll_metrics, label_log_probs_from_logits, seed_adapter_init
 from kinfolk.data import load_data
 from kinfolk.errors import DatasetFormatError, EmptyDatasetError
 from kinfolk.launch_check import warn_if_fewer_processes
@@ -273,6 +273,7 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
         # Read by `_prepare_dataset`, which SFTTrainer.__init__ calls.
         self._retained_source = _retained_source(args, retained_dataset)
         self._retained_prepared = None
+        seed_adapter_init(args.seed)
         super().__init__(
             model,
             args,

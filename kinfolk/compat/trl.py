@@ -30,6 +30,17 @@ warn_about_versions_outside_window()
 
 FUSED_KERNELS_SINCE = "1.15.0"
 FUSED_KERNELS = at_least("trl", FUSED_KERNELS_SINCE)
+SEEDS_BEFORE_PEFT = at_least("trl", "1.15.0")
+
+
+def seed_adapter_init(seed: int) -> None:
+    """From 1.15 `SFTTrainer` seeds the RNGs with `args.seed` before it wraps the model with PEFT, so an adapter's
+    initial weights follow the seed; 1.14 wraps first (Trainer seeds afterwards), so they followed whatever the
+    process had drawn before. On 1.14 this seeds the same way, before `SFTTrainer.__init__`."""
+    if not SEEDS_BEFORE_PEFT:
+        from transformers import set_seed
+
+        set_seed(seed)
 
 
 def label_log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
