@@ -22,6 +22,15 @@ def write_splits(folder: Path, seed: int, splits: Sequence[str] = ("train", "val
     return folder
 
 
+def compare_inputs(tiny_kit, root: Path) -> dict[str, Path]:
+    """A comparison's inputs: the tiny Llama, a target and a retained data folder (training and validation splits)."""
+    return {
+        "model": tiny_kit.model_dir("llama", "small"),
+        "target": write_splits(root / "target", 0),
+        "retained": write_splits(root / "retained", 100),
+    }
+
+
 def merged_rows(folder: Path) -> dict[int, dict]:
     """drift.jsonl's rows merged per step, as written."""
     merged: dict[int, dict] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from compare_helpers import drift_when_reached, geometric_mean, logged_curve, write_splits
+from compare_helpers import compare_inputs, drift_when_reached, geometric_mean, logged_curve
 from refusal_helpers import assert_command_refused
 from sft_helpers import CPU_FP32
 
@@ -40,12 +40,7 @@ LEVELS = [0.25, 0.5, 0.75]
 
 @pytest.fixture(scope="module")
 def inputs(tiny_kit, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("compare-inputs")
-    return {
-        "model": tiny_kit.model_dir("llama", "small"),
-        "target": write_splits(root / "target", 0),
-        "retained": write_splits(root / "retained", 100),
-    }
+    return compare_inputs(tiny_kit, tmp_path_factory.mktemp("compare-inputs"))
 
 
 def compare_argv(inputs, out, *options) -> list[str]:

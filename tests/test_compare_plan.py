@@ -164,11 +164,12 @@ def test_choices_read_validation_and_verdicts_read_test_with_holm_by_hand(planne
 def stand_in(trained: list[RunKey]):
     """A trainer writing a two-checkpoint log by hand, and its loader."""
 
-    def train(key: RunKey, where: Path, step_done) -> None:
+    def train(key: RunKey, where: Path, step_done) -> float:
         trained.append(key)
         rows = [{"step": 0, "target": 0.0, "retained_kl": 0.0}, {"step": 1, "target": 1.0, "retained_kl": 0.1}]
         (where / "drift.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         step_done()
+        return 0.0  # no earlier sitting
 
     def load(key: RunKey, where: Path) -> Curves:
         run = Run(key.method, str(key.seed), str(where), [(0, 0.0, 0.0), (1, 1.0, 0.1)])

@@ -3,8 +3,9 @@
 A run is one (method, learning rate, seed), trained for a fixed number of steps into its own folder
 `OUT/runs/<method>/lr-<rate>/seed-<seed>/`, whose `drift.jsonl` gets the target metric and the retained KL at every
 evaluation step (step 0, the untouched model, included). `run.json` (`RunRecord`) is written atomically once the
-run has finished: a rerun of the same comparison skips every run that has one and trains the others from their
-start (a folder without `run.json` is what an interrupted run left, and is cleared first). A `run.json` written
+run has finished: a rerun of the same comparison skips every run that has one and trains the others (a folder
+without `run.json` is what an interrupted run left: `train` resumes it from the checkpoint it kept, or clears it and
+starts again). A `run.json` written
 under other settings (`RunRecord.settings`, a fingerprint of everything that shapes the run; `setting_values`, the
 settings themselves) is refused before any training, naming each setting that differs: the comparison would
 otherwise mix runs of two different set-ups.
@@ -29,7 +30,6 @@ True
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kinfolk.atomic import fingerprint, write_json
-from kinfolk.claims import CLAIM_FILE, claimed
+from kinfolk.claims import claimed
 from kinfolk.compare.measures import Curves
 from kinfolk.console import bar, stage
 from kinfolk.errors import InputError, OutputExistsError
@@ -77,7 +77,7 @@ class RunRecord:
     seed: int
     settings: str  # fingerprint of the run's settings (`check_settings`)
     steps: int
-    seconds: float
+    seconds: float  # wall time of training and measuring, over every sitting of a resumed run
     start_target: float
     final_target: float
     final_kl: float
@@ -138,8 +138,9 @@ def check_settings(keys: Sequence[RunKey], out: str | Path, settings: Mapping[st
         )
 
 
-# train(key, folder, step_done) trains one run into `folder`, calling `step_done()` after each optimiser step
-Train = Callable[[RunKey, Path, Callable[[], None]], None]
+# train(key, folder, step_done) trains one run into `folder` (resuming what an interrupted one left there, or clearing
+# it), calling `step_done()` after each optimiser step it takes; it returns the seconds earlier sittings spent on the run
+Train = Callable[[RunKey, Path, Callable[[], None]], float]
 Load = Callable[[RunKey, Path], Curves]  # a run's curves from its log
 
 
@@ -197,9 +198,6 @@ def run_grid(
 def _train_one(
     key: RunKey, folder: Path, settings: Mapping[str, Any], steps: int, train: Train, load: Load, advance
 ) -> tuple[RunRecord, Curves]:
-    for left in folder.iterdir():  # an interrupted run's log and caches would mix with the new run's
-        if left.name != CLAIM_FILE:
-            shutil.rmtree(left) if left.is_dir() else left.unlink()
     start = time.perf_counter()
     trained = 0
 
@@ -208,8 +206,8 @@ def _train_one(
         trained += 1
         advance(1)
 
-    train(key, folder, step_done)
-    advance(steps - trained)  # a run that stopped early (none should) still fills its share of the bar
+    earlier = train(key, folder, step_done)
+    advance(steps - trained)  # a resumed run's earlier steps, or one that stopped early (none should)
     curves = load(key, folder)
     checkpoints = sorted(curves.validation.checkpoints)
     record = RunRecord(
@@ -218,7 +216,7 @@ def _train_one(
         key.seed,
         fingerprint(settings),
         checkpoints[-1][0],
-        round(time.perf_counter() - start, 3),
+        round(earlier + time.perf_counter() - start, 3),
         checkpoints[0][1],
         checkpoints[-1][1],
         checkpoints[-1][2],

@@ -169,6 +169,15 @@ class CompareArguments:
         default="float32",
         metadata={"help": "Weights' dtype (float32 keeps KLs of 1e-4 above rounding noise).", "choices": DTYPES},
     )
+    run_checkpoints: bool = field(
+        default=True,
+        metadata={
+            "help": "Save a checkpoint at each measured step of a run (the last one kept, removed once the run is "
+            "done), so a stopped comparison resumes a run from its last measurement, not its first step; "
+            "--no_run_checkpoints where saving the weights and optimiser that often costs too much (full fine-tuning "
+            "of a large model)."
+        },
+    )
     use_cpu: bool = field(default=False, metadata={"help": "Train on the CPU even where an accelerator is found."})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads."})
     verbose: bool = field(default=False, metadata={"help": "Show the libraries' output (else OUT/run.log has it)."})

@@ -27,7 +27,8 @@ from kinfolk.errors import InputError
 from kinfolk.inputs import read_json
 
 PLAN_FILE = "plan.json"
-UNPLANNED = ("out", "verbose", "threads", "plan")  # where and how loudly it runs: no part of what it finds
+# where, how loudly and how resumably it runs: no part of what it finds (a resumed run equals an uninterrupted one)
+UNPLANNED = ("out", "verbose", "threads", "plan", "run_checkpoints")
 # options added after plans were first written: left out while unset, so those plans keep their hashes
 NEWER = {"eval_points": None, "retained_nll": False, "method_learning_rates": None}
 

@@ -41,6 +41,7 @@ from kinfolk.compare.measures import key as key_of
 from kinfolk.compare.methods import METHODS
 from kinfolk.compare.options import CompareArguments
 from kinfolk.compare.plan import NEWER
+from kinfolk.compare.resume import CheckpointAtMeasurements, finished, resume_point
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
@@ -160,9 +161,11 @@ class CompareRuns:
         """A run's curves from its drift.jsonl (`kinfolk.compare.measures`)."""
         return read_curves(key.method, key.seed, folder, list(self.sources), self.args.test_split is not None)
 
-    def train(self, key: RunKey, folder: Path, step_done) -> None:
-        """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step."""
+    def train(self, key: RunKey, folder: Path, step_done) -> float:
+        """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step; an interrupted
+        run resumes from its last measured step (`kinfolk.compare.resume`). Returns the earlier sittings' seconds."""
         args = self.args
+        start = resume_point(folder)
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
         cpu = args.use_cpu or not torch.accelerator.is_available()
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=dtype)
@@ -189,7 +192,8 @@ class CompareRuns:
             max_length=args.max_length,
             lr_scheduler_type=args.lr_scheduler_type,
             logging_steps=args.eval_steps,
-            save_strategy="no",
+            save_strategy="no",  # CheckpointAtMeasurements saves, at the measured steps
+            save_total_limit=1,
             report_to="none",
             disable_tqdm=True,
             use_cpu=cpu,
@@ -242,14 +246,19 @@ class CompareRuns:
             trainer.add_callback(AnswersCallback(trainer, prompts, every, args.churn_tokens, folder / ANSWERS_FILE,
                                                  at_steps))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
-        trainer.train()
+        if args.run_checkpoints:
+            measured = (lambda step: step in at_steps) if at_steps else (lambda step: step % every == 0)
+            trainer.add_callback(CheckpointAtMeasurements(measured, args.max_steps, folder, start.seconds))
+        trainer.train(resume_from_checkpoint=start.checkpoint)
         append_drift(folder, list(self.sources), self.splits)
+        finished(folder)
         del trainer, model
         for cache in folder.glob(FROZEN_CACHE_FILE.format(rank="*")):  # full fine-tuning's frozen side: done with
             cache.unlink()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        return start.seconds
 
     def _measure(self, config: WeightedSFTConfig, rows):
         """The target metric on `rows` (the target's validation or test split)."""
