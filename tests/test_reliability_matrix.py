@@ -196,9 +196,13 @@ OUTPUTS: list[Output] = [
         "compare --model_name_or_path {small} --dataset_name {data} --dataset_validation_split train"
         " --retained_dataset_name {data} --retained_kl_split train --out {out}",
         "kinfolk.compare.grid.run_grid", beside=lambda path: [path / console.LOG_FILE],
-        exists="reused: finished runs (their run.json) are skipped; one trained under other settings is refused",
+        exists="reused: finished runs (their run.json) are skipped, an interrupted one resumes from its last "
+        "checkpoint; one trained under other settings is refused",
         overwrite="n/a (no `--overwrite`: a rerun resumes)",
-        heavy={"truncated inputs": "test_compare.py::test_bad_input_is_one_line_and_exit_2_before_any_model_loads"},
+        heavy={
+            "truncated inputs": "test_compare.py::test_bad_input_is_one_line_and_exit_2_before_any_model_loads",
+            "SIGKILL mid-write": f"{KILL}::test_a_killed_compare_run_resumes_from_its_last_checkpoint_and_equals_an_uninterrupted_one",
+        },
     ),
     Output(
         "churn", "--out", "churn.json", "churn {data} {data} --out {out}", "kinfolk.commands.churn.read_samples",
@@ -306,9 +310,11 @@ def block_work(monkeypatch, output: Output, error: BaseException) -> None:
     def stub(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(f"{module}.{name}", stub)
     if output.verb == "eval":
+        # first: lm_eval's package attribute is lazy (its __getattr__ reads lm_eval.evaluator), so patched after the
+        # evaluator it would record the stub as the value to restore, and leak it into every later test
         monkeypatch.setattr("lm_eval.simple_evaluate", stub)
+    monkeypatch.setattr(f"{module}.{name}", stub)
 
 
 def params(case: str):
