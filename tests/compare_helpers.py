@@ -31,6 +31,14 @@ def compare_inputs(tiny_kit, root: Path) -> dict[str, Path]:
     }
 
 
+def measurements(folder: Path) -> dict[int, dict]:
+    """A run's measured values per step, the timings and checkpoint names left out (they differ between sittings)."""
+    return {
+        step: {name: value for name, value in row.items() if not name.endswith("seconds") and name != "checkpoint"}
+        for step, row in merged_rows(folder).items()
+    }
+
+
 def merged_rows(folder: Path) -> dict[int, dict]:
     """drift.jsonl's rows merged per step, as written."""
     merged: dict[int, dict] = {}

@@ -12,6 +12,7 @@ fallback overwrite. Jobs:
 
 - `merge`: `kinfolk merge OP CONFIG.yaml --out OUT [--all] [--overwrite]` (the command line, in this process).
 - `score`: `kinfolk score --data DATA --large_base ... --cache_dir CACHE --out OUT [--option value ...]` (the same).
+- `compare`: `kinfolk compare ARGV` (the command line, in this process).
 - `sft`: a `WeightedSFTTrainer` run with checkpoints every 2 steps (resumed from the last checkpoint with
   `resume: true`), its final parameters saved to `out`; runs under `accelerate launch` too.
 """
@@ -72,6 +73,10 @@ def score_job(args: dict) -> None:
     command(["score", "--data", args["data"], *models, "--cache_dir", args["cache_dir"], *options, *out])
 
 
+def compare_job(args: dict) -> None:
+    command(["compare", *args["argv"]])
+
+
 def sft_job(args: dict) -> None:
     import torch
     from sft_helpers import parameters, weighted_data, weighted_trainer
@@ -98,7 +103,7 @@ def sft_job(args: dict) -> None:
     end_training(trainer)  # under 2 processes: no rank left in gloo's teardown (kinfolk.process_group)
 
 
-JOBS = {"merge": merge_job, "score": score_job, "sft": sft_job}
+JOBS = {"merge": merge_job, "score": score_job, "compare": compare_job, "sft": sft_job}
 
 if __name__ == "__main__":
     import torch

@@ -33,6 +33,7 @@ from kinfolk.claims import CLAIM_FILE
 from kinfolk.commands import main
 from kinfolk.compare.grid import RunKey, read_record, run_grid
 from kinfolk.compare.measures import Curves
+from kinfolk.compare.resume import ResumePoint
 from kinfolk.drift import Run
 
 SPLITS = ("train", "validation", "test")
@@ -164,12 +165,12 @@ def test_choices_read_validation_and_verdicts_read_test_with_holm_by_hand(planne
 def stand_in(trained: list[RunKey]):
     """A trainer writing a two-checkpoint log by hand, and its loader."""
 
-    def train(key: RunKey, where: Path, step_done) -> float:
+    def train(key: RunKey, where: Path, step_done) -> ResumePoint:
         trained.append(key)
         rows = [{"step": 0, "target": 0.0, "retained_kl": 0.0}, {"step": 1, "target": 1.0, "retained_kl": 0.1}]
         (where / "drift.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         step_done()
-        return 0.0  # no earlier sitting
+        return ResumePoint(None, 0.0)  # from step 0
 
     def load(key: RunKey, where: Path) -> Curves:
         run = Run(key.method, str(key.seed), str(where), [(0, 0.0, 0.0), (1, 1.0, 0.1)])

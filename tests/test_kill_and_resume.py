@@ -1,6 +1,6 @@
-"""Crash safety, measured with real SIGKILLs: `kinfolk merge patch --all`, `kinfolk score` (both through the command
-line) and SFT checkpointing killed at several points leave the destination whole or absent, the next run leaves
-nothing behind, and its result equals an uninterrupted run's. Also: how much work a killed scoring run loses
+"""Crash safety, measured with real SIGKILLs: `kinfolk merge patch --all`, `kinfolk score`, `kinfolk compare` (through
+the command line) and SFT checkpointing killed at several points leave the destination whole or absent, the next run
+leaves nothing behind, and its result equals an uninterrupted run's. Also: how much work a killed scoring run loses
 (resume granularity), before and after token-sized chunks.
 
 Only the killed runs need a process of their own (tests/kill_jobs.py); the reruns and the uninterrupted references
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from compare_helpers import compare_inputs, measurements
 from datasets import Dataset
 from kill_helpers import ENVIRONMENT, JOBS, assert_same_files, staging_left
 from kill_jobs import JOBS as JOB_FUNCTIONS
@@ -111,6 +112,39 @@ def test_killed_scoring_resumes_from_whole_chunks_and_equals_an_uninterrupted_ru
         np.testing.assert_array_equal(resumed[column], score_setup["reference"][column], err_msg=column)
     leftovers = [p for p in cache.rglob("*") if staging_owner(p) is not None] + staging_left(tmp_path)
     assert leftovers == []
+
+
+# --- compare ---------------------------------------------------------------------------------------------------
+
+
+def compare_argv(inputs: dict[str, Path], out: Path) -> list[str]:
+    return [
+        "--model_name_or_path", inputs["model"], "--dataset_name", inputs["target"], "--retained_dataset_name",
+        inputs["retained"], "--out", out, "--use_cpu", "--methods", "lora", "atlas", "--learning_rates", "3e-2",
+        "--seeds", "0", "--max_steps", "12", "--eval_steps", "3", "--per_device_train_batch_size", "4", "--rank", "4",
+        "--atlas_regions", "2", "--atlas_directions", "2", "--churn_tokens", "4",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_killed_compare_run_resumes_from_its_last_checkpoint_and_equals_an_uninterrupted_one(tiny_kit, tmp_path):
+    inputs = compare_inputs(tiny_kit, tmp_path / "inputs")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run_job(tmp_path, "compare", {"argv": compare_argv(inputs, straight)}) == 0
+    # LoRA's run publishes checkpoints 3, 6 and 9; the fifth publish is ATLAS's checkpoint-6, killed before the
+    # older one is rotated away and before its seconds are written
+    publish = ["kinfolk.trainers.atomic_checkpoints:publish", "after", "5"]
+    assert run_job(tmp_path, "compare", {"argv": compare_argv(inputs, killed)}, "--kill", *publish) == -9
+    atlas = killed / "runs" / "atlas" / "lr-0.03" / "seed-0"
+    assert sorted(p.name for p in atlas.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert not (atlas / "run.json").exists() and sorted(measurements(atlas)) == [0, 3, 6]
+    assert run_job(tmp_path, "compare", {"argv": compare_argv(inputs, killed)}) == 0
+    for method in ("lora", "atlas"):
+        run = Path("runs", method, "lr-0.03", "seed-0")
+        assert measurements(killed / run) == measurements(straight / run), method
+    assert not list(atlas.glob("checkpoint-*")) and staging_left(atlas) == []
+    log = " ".join((killed / "run.log").read_text().split())  # stage lines wrap at 100 columns
+    assert "atlas lr=0.03 seed=0: " in log and "(resumed from checkpoint-6)" in log
 
 
 # --- SFT checkpoints ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import Any
 from kinfolk.atomic import fingerprint, write_json
 from kinfolk.claims import claimed
 from kinfolk.compare.measures import Curves
+from kinfolk.compare.resume import ResumePoint
 from kinfolk.console import bar, stage
 from kinfolk.errors import InputError, OutputExistsError
 from kinfolk.inputs import read_json
@@ -139,8 +140,8 @@ def check_settings(keys: Sequence[RunKey], out: str | Path, settings: Mapping[st
 
 
 # train(key, folder, step_done) trains one run into `folder` (resuming what an interrupted one left there, or clearing
-# it), calling `step_done()` after each optimiser step it takes; it returns the seconds earlier sittings spent on the run
-Train = Callable[[RunKey, Path, Callable[[], None]], float]
+# it), calling `step_done()` after each optimiser step it takes; it returns where it started (`ResumePoint`)
+Train = Callable[[RunKey, Path, Callable[[], None]], ResumePoint]
 Load = Callable[[RunKey, Path], Curves]  # a run's curves from its log
 
 
@@ -166,10 +167,12 @@ def run_grid(
                 with claimed(folder) as ours:
                     if ours:
                         progress.set_description(key.name)
-                        record, runs[key] = _train_one(
+                        record, runs[key], start = _train_one(
                             key, folder, settings[key.method], steps, train, load, progress.update
                         )
                         line = f"{key.name}: {record.seconds:.0f}s, {_summary(record)}"
+                        if start.checkpoint is not None:
+                            line += f" (resumed from {Path(start.checkpoint).name})"
                 if not ours:
                     record = read_record(folder)  # finished by the other process meanwhile, or still its
                     if record is None:
@@ -197,7 +200,7 @@ def run_grid(
 
 def _train_one(
     key: RunKey, folder: Path, settings: Mapping[str, Any], steps: int, train: Train, load: Load, advance
-) -> tuple[RunRecord, Curves]:
+) -> tuple[RunRecord, Curves, ResumePoint]:
     start = time.perf_counter()
     trained = 0
 
@@ -206,7 +209,7 @@ def _train_one(
         trained += 1
         advance(1)
 
-    earlier = train(key, folder, step_done)
+    start_point = train(key, folder, step_done)
     advance(steps - trained)  # a resumed run's earlier steps, or one that stopped early (none should)
     curves = load(key, folder)
     checkpoints = sorted(curves.validation.checkpoints)
@@ -216,14 +219,14 @@ def _train_one(
         key.seed,
         fingerprint(settings),
         checkpoints[-1][0],
-        round(earlier + time.perf_counter() - start, 3),
+        round(start_point.seconds + time.perf_counter() - start, 3),
         checkpoints[0][1],
         checkpoints[-1][1],
         checkpoints[-1][2],
         dict(settings),
     )
     write_json(folder / RUN_FILE, asdict(record))
-    return record, curves
+    return record, curves, start_point
 
 
 def _summary(record: RunRecord) -> str:

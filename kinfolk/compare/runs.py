@@ -41,7 +41,7 @@ from kinfolk.compare.measures import key as key_of
 from kinfolk.compare.methods import METHODS
 from kinfolk.compare.options import CompareArguments
 from kinfolk.compare.plan import NEWER
-from kinfolk.compare.resume import CheckpointAtMeasurements, finished, resume_point
+from kinfolk.compare.resume import CheckpointAtMeasurements, ResumePoint, finished, resume_point
 from kinfolk.data import load_splits, naming, select_split
 from kinfolk.errors import InputError
 from kinfolk.inputs import check_model
@@ -161,9 +161,9 @@ class CompareRuns:
         """A run's curves from its drift.jsonl (`kinfolk.compare.measures`)."""
         return read_curves(key.method, key.seed, folder, list(self.sources), self.args.test_split is not None)
 
-    def train(self, key: RunKey, folder: Path, step_done) -> float:
+    def train(self, key: RunKey, folder: Path, step_done) -> ResumePoint:
         """Train the run `key` into `folder` (its drift.jsonl), calling `step_done()` after every step; an interrupted
-        run resumes from its last measured step (`kinfolk.compare.resume`). Returns the earlier sittings' seconds."""
+        run resumes from its last measured step (`kinfolk.compare.resume`). Returns where it started."""
         args = self.args
         start = resume_point(folder)
         dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -258,7 +258,7 @@ class CompareRuns:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return start.seconds
+        return start
 
     def _measure(self, config: WeightedSFTConfig, rows):
         """The target metric on `rows` (the target's validation or test split)."""
