@@ -270,8 +270,7 @@ class WeightedSFTTrainer(AtomicCheckpointsMixin, SFTTrainer):
         _reject_unsupported(args, compute_loss_func, data_collator)
         _refuse_sequence_sharding(args.parallelism_config)  # before accelerate sets up the mesh it needs
         _check_datasets(args, kwargs.get("formatting_func") is not None, train=train_dataset, eval=eval_dataset)
-        # Read by `_prepare_dataset`, which SFTTrainer.__init__ calls.
-        self._retained_source = _retained_source(args, retained_dataset)
+        self._retained_source = _retained_source(args, retained_dataset)  # read in SFTTrainer.__init__
         self._retained_prepared = None
         seed_adapter_init(args.seed)
         super().__init__(
