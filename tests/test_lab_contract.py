@@ -21,7 +21,7 @@ from kinfolk.lab.protocol.views import TEST_FIELDS
 NAMES = sorted(EXPERIMENTS)
 # Experiments whose runs are under way: a plan committed, its units' records committed as they finish, no results
 # yet. Their contract is checked on their first kept record once there is one, and in micro by their own test file.
-IN_PROGRESS: set[str] = {"real-atlas-compare", "real-atlas-compare-gemma", "real-boomerang-compute"}
+IN_PROGRESS: set[str] = {"real-atlas-compare", "real-atlas-compare-gemma"}
 FINISHED = sorted(set(NAMES) - IN_PROGRESS)
 WITH_A_RECORD = sorted(
     name for name in NAMES if name not in IN_PROGRESS or (RESULTS / f"{name}-units" / "0.json").exists()

@@ -225,6 +225,7 @@ def test_the_headline_quotes_only_the_newest_versions(tmp_path, monkeypatch):
         ("atlas-controls", "3"),
         ("adapt-frontier", "4"),
         ("adapt-compute", "5"),
+        ("real-boomerang-compute", "3"),  # distillation at equal compute on a real checkpoint too
     }
     assert evidence.superseded_quotes(text, RESULTS) == []
     words = " ".join(text.split())  # as read, across the wrapped lines

@@ -275,9 +275,10 @@ def headline_table(results: dict, results_dir: Path | None = None) -> str:
             f"{smallest['weight-delta']:.2f} ({smallest['distilled']:.2f})"
         )
     # the lab's evidence on this comparison: which of the two wins follows the base student's answer format; and
-    # whether the distilled student beats cross-entropy training given the same compute
+    # whether the distilled student beats cross-entropy training given the same compute, in the lab and on SmolLM2
     transfer += evidence("ADAPT", "preferred-sft", "format", results_dir)
     transfer += evidence("ADAPT", "ce-only", "equal FLOPs: middle", results_dir)
+    transfer += evidence("ADAPT, real checkpoint", "ce-only", "equal FLOPs: middle", results_dir)
     blocks.append(_block("ADAPT", "cross-patch -> weight-delta (smallest size; distilled)", transfer))
     routing = [f"graded reversal: {adapt_routing_text(results)}"]
     routing += evidence("ADAPT", "random mix of fixed sizes", "routing/", results_dir)
