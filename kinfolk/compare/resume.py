@@ -35,6 +35,7 @@ from kinfolk.atomic import write_json
 from kinfolk.claims import CLAIM_FILE
 
 SITTINGS_FILE = "sittings.json"  # {"step": the last checkpoint's step, "seconds": spent on the run until then}
+MODEL_CARD = "README.md"  # SFTTrainer's, written into the output directory at each checkpoint
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,12 @@ def resume_point(folder: Path) -> ResumePoint:
 
 
 def finished(folder: Path) -> None:
-    """Remove a done run's checkpoints and their seconds: only its logs are the comparison's."""
+    """Remove a done run's checkpoints, their seconds and the model card TRL writes beside each checkpoint (it
+    describes weights the comparison does not keep): only its logs are the comparison's."""
     for checkpoint in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
         shutil.rmtree(checkpoint)
-    (folder / SITTINGS_FILE).unlink(missing_ok=True)
+    for left in (SITTINGS_FILE, MODEL_CARD):
+        (folder / left).unlink(missing_ok=True)
 
 
 class CheckpointAtMeasurements(TrainerCallback):
