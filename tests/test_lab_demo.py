@@ -53,9 +53,10 @@ def test_quick_demo_report_matches_its_saved_models(tmp_path, quick_lab_family, 
     terminal = capsys.readouterr()
     printed = terminal.out
     # a newcomer reads the whole terminal: stage lines, bars and the headline in about 60 lines (a bar redrawn
-    # with carriage returns stays one line of the terminal, so lines are counted by their newlines)
+    # with carriage returns stays one line of the terminal, so lines are counted by their newlines; 62 since the
+    # ADAPT headline quotes the real checkpoint's equal-compute result beside the lab's)
     terminal_lines = (terminal.out + terminal.err).count("\n")
-    assert terminal_lines <= 60, terminal.err
+    assert terminal_lines <= 65, terminal.err
     assert headline_table(results) in printed
     assert "(pool pr; 1 family)" in printed and "not an effect" in printed  # the headline says what it is
     # fits a 100-column terminal (but for the lines naming where the outputs are: a test's paths are long)
