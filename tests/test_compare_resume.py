@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from compare_helpers import compare_inputs, merged_rows
+from compare_helpers import compare_inputs, measurements
 
 from kinfolk.commands import main
 from kinfolk.compare import runs as compare_runs
@@ -41,14 +41,6 @@ def argv(inputs: dict[str, Path], out: Path) -> list[str]:
 
 def run_folder(out: Path, method: str) -> Path:
     return out / "runs" / method / "lr-0.03" / "seed-0"
-
-
-def measurements(folder: Path) -> dict[int, dict]:
-    """Every measured value per step (the timings and checkpoint names left out: they differ between sittings)."""
-    return {
-        step: {name: value for name, value in row.items() if not name.endswith("seconds") and name != "checkpoint"}
-        for step, row in merged_rows(folder).items()
-    }
 
 
 @pytest.fixture(scope="module")
