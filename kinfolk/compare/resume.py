@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from kinfolk.atomic import write_json
+from kinfolk.callbacks.schedule import MeasuredAtSteps
 from kinfolk.claims import CLAIM_FILE
 
 SITTINGS_FILE = "sittings.json"  # {"step": the last checkpoint's step, "seconds": spent on the run until then}
@@ -70,16 +70,20 @@ def finished(folder: Path) -> None:
         (folder / left).unlink(missing_ok=True)
 
 
-class CheckpointAtMeasurements(TrainerCallback):
-    """A checkpoint at every step `measured(step)` says the run measures, but the last one (the run is done there),
-    and the seconds spent so far beside it (`earlier`: those of the sittings before this one)."""
+class CheckpointAtMeasurements(MeasuredAtSteps):
+    """A checkpoint at every step the run measures (the measuring callbacks' schedule: `every_n_steps` or
+    `at_steps`), but the last one (the run is done there), and the seconds spent so far beside it (`earlier`: those
+    of the sittings before this one)."""
 
-    def __init__(self, measured: Callable[[int], bool], last_step: int, folder: Path, earlier: float):
-        self.measured, self.last_step, self.folder, self.earlier = measured, last_step, folder, earlier
+    def __init__(
+        self, every_n_steps: int | None, at_steps: Collection[int] | None, last_step: int, folder: Path, earlier: float
+    ):
+        super().__init__(every_n_steps=every_n_steps, at_steps=at_steps)
+        self.last_step, self.folder, self.earlier = last_step, folder, earlier
         self.start = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step < self.last_step and self.measured(state.global_step):
+    def measure_step(self, args, state, control) -> None:
+        if state.global_step < self.last_step:
             control.should_save = True
 
     def on_save(self, args, state, control, **kwargs):

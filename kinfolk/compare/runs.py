@@ -247,8 +247,7 @@ class CompareRuns:
                                                  at_steps))  # fmt: skip
         trainer.add_callback(_StepDone(step_done))
         if args.run_checkpoints:
-            measured = (lambda step: step in at_steps) if at_steps else (lambda step: step % every == 0)
-            trainer.add_callback(CheckpointAtMeasurements(measured, args.max_steps, folder, start.seconds))
+            trainer.add_callback(CheckpointAtMeasurements(every, at_steps, args.max_steps, folder, start.seconds))
         trainer.train(resume_from_checkpoint=start.checkpoint)
         append_drift(folder, list(self.sources), self.splits)
         finished(folder)
