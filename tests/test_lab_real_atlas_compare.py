@@ -4,8 +4,10 @@ from the kept `drift.jsonl` files alone (the drift as the sources' geometric mea
 validation, the test drift interpolated there; PEFT's forgetting figure the same way from the retained NLL), and a
 second run of the seeds trains nothing."""
 
+import dataclasses
 import json
 import math
+import shutil
 from itertools import pairwise
 from pathlib import Path
 
@@ -185,6 +187,51 @@ def test_every_run_is_compares_own_planned_run_and_a_rerun_trains_nothing(micro,
     monkeypatch.setattr(Trainer, "train", lambda *a, **k: pytest.fail("a kept run was trained again"))
     experiment = RealAtlasCompare(settings)
     assert [record["seed"] for record in make_runs(experiment, run_keys(experiment))] == settings.seeds
+
+
+class Stopped(Exception):
+    """The process stopped (a session's end) after its first run."""
+
+
+def test_each_run_is_kept_as_it_ends_and_a_new_machine_trains_only_the_rest(micro, tmp_path, monkeypatch):
+    """A run is kept in the records the moment it ends; a new machine (an empty work folder) gets it, the arm's plan
+    and the chat answers back from the records, trains only the other runs, and the seed's record equals the one an
+    uninterrupted process made (every curve; the seconds aside)."""
+    from kinfolk.compare.runs import CompareRuns
+    from kinfolk.lab.world import heldout
+
+    settings, _ = micro
+    again = dataclasses.replace(settings, seeds=[0], work=str(tmp_path / "work"), records=str(tmp_path / "records"))
+    train, trained = CompareRuns.train, []
+
+    def stopping(runs, key, folder, step_done):
+        if trained:
+            raise Stopped
+        trained.append(key)
+        return train(runs, key, folder, step_done)
+
+    monkeypatch.setattr(CompareRuns, "train", stopping)
+    experiment = RealAtlasCompare(again)
+    with pytest.raises(Stopped):
+        make_runs(experiment, run_keys(experiment))
+    first = Path(again.records) / "0" / f"{trained[0].method}/lr-{trained[0].rate}"
+    assert json.loads((first / "run.json").read_text())["method"] == trained[0].method
+
+    shutil.rmtree(again.work)
+    monkeypatch.setattr(heldout, "greedy_answers", lambda *a: pytest.fail("the kept chat answers were made again"))
+    retrained = []
+    monkeypatch.setattr(
+        CompareRuns, "train", lambda runs, key, *rest: retrained.append(key) or train(runs, key, *rest)
+    )
+    [record] = make_runs(experiment, run_keys(experiment))
+    assert trained[0] not in retrained and len(retrained) == len(record["runs"]) - 1
+    assert json.loads((Path(again.work) / "seed-0" / "main" / "plan.json").read_text())["preceded_runs"]
+
+    def curves(made):
+        return {name: {**run, "seconds": None} for name, run in made["runs"].items()}
+
+    uninterrupted = json.loads((Path(settings.records) / "0" / "record.json").read_text())
+    assert curves(record) == curves(uninterrupted)
 
 
 def test_the_second_models_plan_is_the_firsts_but_where_its_notes_say():

@@ -12,7 +12,8 @@ alike share a seed's runs and each is trained once. Output-KL's strength is chos
 The seed's record (`records/<seed>/record.json`) holds, per run, its checkpoints as compare reads them from its
 `drift.jsonl` (validation: target and drift; test: target, drift, every source's KL and NLL); each run's
 `drift.jsonl`, `run.json` and `answers.jsonl` are copied beside it with the names drawn (`drawn.json`), so the
-record can be recomputed from them (`compare_curves`).
+record can be recomputed from them (`compare_curves`). Each run is kept there as soon as it ends, and a work folder
+that lacks a kept run gets it back before its arm trains (`kept`): a seed's runs outlive the machine they ran on.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from kinfolk.claims import CLAIM_FILE
 from kinfolk.compare import grid
 from kinfolk.compare.grid import RunKey
 from kinfolk.lab.methods.real_atlas_compare import data
+from kinfolk.lab.methods.real_atlas_compare.kept import CHAT_ANSWERS, KeptRuns, keep_pool_file, restore_pool_file
 from kinfolk.lab.methods.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
 from kinfolk.lab.protocol.records import kept_path, kept_record
 
 RECORD_VERSION = 1
-KEPT_FILES = ("drift.jsonl", "run.json", "answers.jsonl")
 PROG = "kinfolk lab experiment real-atlas-compare run"
 
 
@@ -71,17 +72,20 @@ class RealAtlasCompareRuns:
 
     @cached_property
     def answers(self) -> dict[str, str]:
-        """The frozen model's greedy answer to every chat instruction (kept under the work folder)."""
+        """The frozen model's greedy answer to every chat instruction (under the work folder, kept in the records)."""
         import torch
         from transformers import AutoModelForCausalLM
 
         from kinfolk.lab.methods.real_corpus import chat_instructions
         from kinfolk.lab.world.heldout import kept_answers
 
-        path = self.work / "chat-answers.json"
+        restore_pool_file(self.settings.records, self.work, CHAT_ANSWERS)
+        path = self.work / CHAT_ANSWERS
         instructions = chat_instructions(self.settings.chat_prompts)
         model = None if path.exists() else AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        return kept_answers(path, model, self.tokenizer, instructions, self.settings.answer_tokens)
+        answers = kept_answers(path, model, self.tokenizer, instructions, self.settings.answer_tokens)
+        keep_pool_file(self.settings.records, self.work, CHAT_ANSWERS)
+        return answers
 
     @cached_property
     def pools(self) -> dict[str, dict[str, str]]:
@@ -138,25 +142,33 @@ class RealAtlasCompareRuns:
         )
 
     def arm(self, seed: int, coef: float | None = None) -> dict[RunKey, Path] | None:
-        """Train (or read back) one arm's runs by compare's plan and grid: their folders, or None while another
-        process trains one. An Output-KL arm reuses the main arm's finished LoRA run (the same settings), so it
-        waits (None) until that run is kept."""
+        """Train (or read back) one arm's runs by compare's plan and grid, each run kept in the records as it ends
+        and put back from there first: their folders, or None while another process trains one. An Output-KL arm
+        reuses the main arm's finished LoRA run (the same settings), so it waits (None) until that run is kept."""
         from kinfolk.compare.plan import fix_plan
         from kinfolk.compare.runs import CompareRuns
         from kinfolk.console import LOG_FILE, quiet, stage
 
         args = self.arm_args(seed, coef)
-        out = Path(args.out)
+        out, kept = Path(args.out), KeptRuns(self.settings.records, seed)
         keys = grid.run_keys(args.methods, args.rate_grid(), args.seeds)
+        kept.restore_plan(arm_name(coef), out)
+        for key in keys:
+            kept.restore_run(kept_name(key, coef), key.folder(out))
         fix_plan(args, out, sum(key.folder(out).exists() for key in keys))
+        kept.keep_plan(out, arm_name(coef))
         if coef is not None and not all(self._lora_copied(key, out) for key in keys if key.method == BASELINE):
             return None
         if any(grid.read_record(key.folder(out)) is None for key in keys):
             stage(f"seed {seed}: {arm_name(coef)}")
         runs = CompareRuns(args)
         with quiet(out / LOG_FILE, PROG, verbose=False):
-            curves = grid.run_grid(runs.keys, out, runs.settings, args.max_steps, runs.train, runs.load)
-        return None if curves is None else {key: key.folder(out) for key in keys}
+            for key in runs.keys:  # one run at a time, so each is kept the moment it ends
+                grid.run_grid([key], out, runs.settings, args.max_steps, runs.train, runs.load)
+                kept.keep_run(key.folder(out), kept_name(key, coef))
+        folders = {key: key.folder(out) for key in keys}
+        # a run another process held may have ended meanwhile (that process keeps it)
+        return None if any(grid.read_record(folder) is None for folder in folders.values()) else folders
 
     def _lora_copied(self, key: RunKey, out: Path) -> bool:
         """Copy the main arm's finished LoRA run `key` into the Output-KL arm `out` (False: not finished yet)."""
@@ -217,12 +229,9 @@ class RealAtlasCompareRuns:
             return None
         folders, coefs = made
         record = self.curves_record(seed, folders, coefs)
-        path = kept_path(self.settings.records, record_key(seed))
+        path, kept = kept_path(self.settings.records, record_key(seed)), KeptRuns(self.settings.records, seed)
         for key, folder in folders.items():
-            (path.parent / run_name(key)).mkdir(parents=True, exist_ok=True)
-            for kept_file in KEPT_FILES:
-                if (folder / kept_file).exists():
-                    shutil.copyfile(folder / kept_file, path.parent / run_name(key) / kept_file)
+            kept.keep_run(folder, run_name(key))
         write_json(path.parent / "drawn.json", self.seed_data(seed)[1])
         write_json(path, record)
         return record
@@ -238,6 +247,16 @@ def run_name(key) -> str:
         key, coef = key
         return f"{key.method}/lr-{key.rate}/kl-{coef:g}"
     return f"{key.method}/lr-{key.rate}"
+
+
+def kept_name(key: RunKey, coef: float | None) -> str:
+    """The run name under which an arm's run `key` is kept: Output-KL's runs with the arm's strength, the LoRA run
+    every arm shares without.
+
+    >>> kept_name(grid.RunKey("lora", 0.003, 0), 3.0)
+    'lora/lr-0.003'
+    """
+    return run_name((key, coef) if key.method == OUTPUT_KL else key)
 
 
 def compare_curves(folder: Path, seed: int) -> dict[str, Any]:
