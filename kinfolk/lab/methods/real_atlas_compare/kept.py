@@ -44,11 +44,10 @@ def copy_whole(source: Path, target: Path) -> None:
     os.replace(staging, target)
 
 
-def copy_missing(source: Path, target: Path) -> bool:
-    """Copy `source` to `target` when `target` is missing and `source` is there; whether `target` is there after."""
+def copy_missing(source: Path, target: Path) -> None:
+    """Copy `source` to `target` when `target` is missing and `source` is there."""
     if not target.is_file() and source.is_file():
         copy_whole(source, target)
-    return target.is_file()
 
 
 class KeptRuns:
@@ -85,10 +84,8 @@ class KeptRuns:
         copy_missing(self.seed_folder / "plans" / f"{arm}.json", out / PLAN_FILE)
 
 
-def keep_pool_file(records: str | Path, work: Path, name: str) -> None:
-    """Keep the work folder's pool file `name` (made once for every seed) in `records`."""
+def share_pool_file(records: str | Path, work: Path, name: str) -> None:
+    """The pool file `name` (made once for every seed) copied between the work folder and the records, to whichever
+    lacks it."""
     copy_missing(work / name, Path(records) / name)
-
-
-def restore_pool_file(records: str | Path, work: Path, name: str) -> None:
     copy_missing(Path(records) / name, work / name)

@@ -29,7 +29,7 @@ from kinfolk.claims import CLAIM_FILE
 from kinfolk.compare import grid
 from kinfolk.compare.grid import RunKey
 from kinfolk.lab.methods.real_atlas_compare import data
-from kinfolk.lab.methods.real_atlas_compare.kept import CHAT_ANSWERS, KeptRuns, keep_pool_file, restore_pool_file
+from kinfolk.lab.methods.real_atlas_compare.kept import CHAT_ANSWERS, KeptRuns, share_pool_file
 from kinfolk.lab.methods.real_atlas_compare.settings import BASELINE, OUTPUT_KL, RealAtlasCompareSettings
 from kinfolk.lab.protocol.records import kept_path, kept_record
 
@@ -62,6 +62,7 @@ class RealAtlasCompareRuns:
         self.model_dir = settings.model_dir()
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"{self.model_dir}: no model there (run `make real-models`)")
+        share_pool_file(settings.records, self.work, CHAT_ANSWERS)  # made by an earlier process, kept or not yet
 
     # ------------------------------------------------------------------------------------------ data
     @cached_property
@@ -79,12 +80,11 @@ class RealAtlasCompareRuns:
         from kinfolk.lab.methods.real_corpus import chat_instructions
         from kinfolk.lab.world.heldout import kept_answers
 
-        restore_pool_file(self.settings.records, self.work, CHAT_ANSWERS)
         path = self.work / CHAT_ANSWERS
         instructions = chat_instructions(self.settings.chat_prompts)
         model = None if path.exists() else AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         answers = kept_answers(path, model, self.tokenizer, instructions, self.settings.answer_tokens)
-        keep_pool_file(self.settings.records, self.work, CHAT_ANSWERS)
+        share_pool_file(self.settings.records, self.work, CHAT_ANSWERS)
         return answers
 
     @cached_property
