@@ -4,6 +4,7 @@ from the kept `drift.jsonl` files alone (the drift as the sources' geometric mea
 validation, the test drift interpolated there; PEFT's forgetting figure the same way from the retained NLL), and a
 second run of the seeds trains nothing."""
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -253,3 +254,21 @@ def test_the_second_models_plan_is_the_firsts_but_where_its_notes_say():
     assert {key: rule for key, rule in first.selection_rules().items() if key != "learning rates"} == {
         key: rule for key, rule in second.selection_rules().items() if key != "learning rates"
     }
+
+
+def test_a_seed_whose_first_draw_leaves_a_split_short_is_drawn_again_and_one_that_filled_keeps_it(monkeypatch):
+    from kinfolk.lab.methods.real_atlas_compare import data
+
+    sizes = [2, 2, 3, 2, 3, 2, 2, 2, 2, 3]
+    items = {f"g{group}#{index}": "" for group, size in enumerate(sizes) for index in range(size)}
+    first, again = {}, {seed: data.deal(items, seed, held_out=5) for seed in range(40)}
+    monkeypatch.setattr(data, "DRAWS", 1)
+    for seed in again:
+        with contextlib.suppress(ValueError):
+            first[seed] = data.deal(items, seed, held_out=5)
+    assert 0 < len(first) < len(again)  # some first draws fell short, some filled
+    assert all(first[seed] == again[seed] for seed in first)
+    for folds in again.values():
+        assert len(folds["validation"]) == len(folds["test"]) == 5
+        in_split = [{data.group_of(name) for name in folds[split]} for split in data.SPLITS]
+        assert not (in_split[0] & in_split[1] or in_split[0] & in_split[2] or in_split[1] & in_split[2])

@@ -37,6 +37,7 @@ from kinfolk.lab.methods.real_corpus import prose_texts
 TARGET = "code"
 RETAINED = ("chat", "prose", "docs")  # chat first: its prompts are the churn's
 SPLITS = ("train", "validation", "test")
+DRAWS = 20  # shuffles tried per seed before a pool is called too small
 
 
 def group_of(name: str) -> str:
@@ -46,22 +47,25 @@ def group_of(name: str) -> str:
 
 def deal(items: Mapping[str, str], seed: int, held_out: int) -> dict[str, list[str]]:
     """The item names of each split for `seed`: groups shuffled by the seed, the first groups filling `validation`
-    up to `held_out` rows, the next `test`, the rest `train` (a group that would overfill a split goes to train)."""
+    up to `held_out` rows, the next `test`, the rest `train` (a group that would overfill a split goes to train).
+    Where the groups' sizes leave a split short (seed 1's draw stopped at 63 of 64), the groups are shuffled again
+    by the seed and the next draw number until both fill: a seed whose first draw filled keeps it."""
     groups: dict[str, list[str]] = {}
     for name in sorted(items):
         groups.setdefault(group_of(name), []).append(name)
-    order = sorted(groups)
-    random.Random(f"real-atlas-compare-{seed}").shuffle(order)
-    folds: dict[str, list[str]] = {"validation": [], "test": [], "train": []}
-    for group in order:
-        for split in ("validation", "test", "train"):
-            if split == "train" or len(folds[split]) + len(groups[group]) <= held_out:
-                folds[split] += groups[group]
-                break
-    for split in ("validation", "test"):
-        if len(folds[split]) < held_out:
-            raise ValueError(f"seed {seed}: {len(folds[split])} {split} rows drawn, {held_out} needed")
-    return folds
+    for draw in range(DRAWS):
+        order = sorted(groups)
+        random.Random(f"real-atlas-compare-{seed}" + (f"-{draw}" if draw else "")).shuffle(order)
+        folds: dict[str, list[str]] = {"validation": [], "test": [], "train": []}
+        for group in order:
+            for split in ("validation", "test", "train"):
+                if split == "train" or len(folds[split]) + len(groups[group]) <= held_out:
+                    folds[split] += groups[group]
+                    break
+        short = [split for split in ("validation", "test") if len(folds[split]) < held_out]
+        if not short:
+            return folds
+    raise ValueError(f"seed {seed}: {len(folds[short[0]])} {short[0]} rows drawn in {DRAWS} draws, {held_out} needed")
 
 
 def halves(text: str) -> list[str]:
