@@ -22,11 +22,10 @@ arm's plan as it was written.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-from kinfolk.atomic import staging_path
+from kinfolk.atomic import atomic_file
 from kinfolk.compare.grid import RUN_FILE
 from kinfolk.compare.plan import PLAN_FILE
 from kinfolk.compare.resume import finished
@@ -37,11 +36,9 @@ CHAT_ANSWERS = "chat-answers.json"
 
 
 def copy_whole(source: Path, target: Path) -> None:
-    """Copy `source` to `target` through a staging sibling, so `target` is either absent or whole."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_path(target)
-    shutil.copyfile(source, staging)
-    os.replace(staging, target)
+    """Copy `source` to `target` through `kinfolk.atomic.atomic_file`, so `target` is either absent or whole."""
+    with open(source, "rb") as read, atomic_file(target, "wb") as write:
+        shutil.copyfileobj(read, write)
 
 
 def copy_missing(source: Path, target: Path) -> None:
@@ -54,8 +51,7 @@ class KeptRuns:
     """One seed's finished runs and arm plans as kept in `records`, and the pool both seeds' runs share."""
 
     def __init__(self, records: str | Path, seed: int):
-        self.records = Path(records)
-        self.seed_folder = self.records / str(seed)
+        self.seed_folder = Path(records) / str(seed)
 
     def keep_run(self, folder: Path, name: str) -> None:
         """Keep the finished run in `folder` (a no-op while it has no run.json) under the run name `name`."""
