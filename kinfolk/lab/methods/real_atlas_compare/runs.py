@@ -196,10 +196,12 @@ class RealAtlasCompareRuns:
         folders: dict = dict(main)
         coefs = list(s.output_kl_coefs)
         for extension in range(s.output_kl_extensions + 1):
-            for coef in coefs:
-                arm = self.arm(seed, coef)
-                if arm is None:
-                    return None
+            # every strength of the round is tried before giving up on it, so a second process trains the next
+            # strength while the first holds one (the round's strengths are independent; only the extension waits)
+            made = {coef: self.arm(seed, coef) for coef in coefs}
+            if any(arm is None for arm in made.values()):
+                return None
+            for coef, arm in made.items():
                 folders |= {(key, coef): folder for key, folder in arm.items() if key.method == OUTPUT_KL}
             chosen = choose_strength(self.curves_record(seed, folders, coefs), s.selection_fraction)
             if extension == s.output_kl_extensions or not on_grid_edge(chosen, sorted(coefs)):
