@@ -274,16 +274,21 @@ def test_a_seed_whose_first_draw_leaves_a_split_short_is_drawn_again_and_one_tha
         assert not (in_split[0] & in_split[1] or in_split[0] & in_split[2] or in_split[1] & in_split[2])
 
 
-def test_a_process_trains_the_next_strength_while_another_holds_one():
-    """Output-KL's strengths in one round are independent: while another process holds one (its arm answers None),
-    this process goes on to the others instead of waiting, and the seed is not whole yet."""
+@pytest.mark.parametrize("held", ["main", "first strength"])
+def test_a_process_trains_the_next_strength_while_another_holds_an_arm(held):
+    """The main arm and Output-KL's strengths of a round are independent once the LoRA run is kept: while another
+    process holds one of them (its arm answers None), this process goes on to the others instead of waiting, and the
+    seed is not whole yet."""
     from kinfolk.lab.methods.real_atlas_compare.runs import RealAtlasCompareRuns
 
-    class HeldFirstStrength(RealAtlasCompareRuns):
+    settings = RealAtlasCompareSettings()
+    held_coef = None if held == "main" else settings.output_kl_coefs[0]
+
+    class HeldElsewhere(RealAtlasCompareRuns):
         def arm(self, seed, coef=None):
             tried.append(coef)
-            return None if coef == settings.output_kl_coefs[0] else {}
+            return None if coef == held_coef else {}
 
-    tried, settings = [], RealAtlasCompareSettings()
-    assert HeldFirstStrength(settings).arms(0) is None
+    tried = []
+    assert HeldElsewhere(settings).arms(0) is None
     assert tried == [None, *settings.output_kl_coefs]

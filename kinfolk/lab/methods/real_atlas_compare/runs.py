@@ -190,16 +190,15 @@ class RealAtlasCompareRuns:
         from kinfolk.stats import on_grid_edge
 
         s = self.settings
+        # every arm is tried before giving up on the seed, so a second process trains an Output-KL strength while
+        # the first holds a main-arm run or another strength: they are independent once the shared LoRA run is kept
+        # (an Output-KL arm answers None until then); only the strength's choice and the grid's extension wait
         main = self.arm(seed)
-        if main is None:
-            return None
-        folders: dict = dict(main)
+        folders: dict = dict(main or {})
         coefs = list(s.output_kl_coefs)
         for extension in range(s.output_kl_extensions + 1):
-            # every strength of the round is tried before giving up on it, so a second process trains the next
-            # strength while the first holds one (the round's strengths are independent; only the extension waits)
             made = {coef: self.arm(seed, coef) for coef in coefs}
-            if any(arm is None for arm in made.values()):
+            if main is None or any(arm is None for arm in made.values()):
                 return None
             for coef, arm in made.items():
                 folders |= {(key, coef): folder for key, folder in arm.items() if key.method == OUTPUT_KL}
