@@ -116,6 +116,11 @@ class RealAtlasCompareDesign(SharedSeedExperiment):
                 f"{percent(PRIMARY_FRACTION)}: atlas - {other}, forgetting",
                 "PEFT's forgetting figure: the retained NLL per token on test where the run reaches the level minus "
                 "at step 0, mean over the sources; ATLAS's minus the other's", other, "lower"))  # fmt: skip
+            endpoints.append(ExploratoryEndpoint(
+                f"{percent(PRIMARY_FRACTION)}: atlas - {other}, test gain",
+                "the test target's gain (score per token) where the run reaches the level on validation, from step 0; "
+                "ATLAS's minus the other's: whether the validation match holds on test (added after the primaries "
+                "were read)", other))  # fmt: skip
         for method in s.methods:
             if method != BASELINE:
                 endpoints.append(ExploratoryEndpoint(f"reach: {method}", "the share of LoRA's validation gain the "
@@ -159,7 +164,12 @@ class RealAtlasCompareDesign(SharedSeedExperiment):
         return {"output_kl_coef": coef, "grid_edge": on_grid_edge(coef, sorted(view["output_kl_coefs"]))}
 
     def analyse(self, record: Mapping[str, Any], selection: dict[str, Any]) -> dict[str, EndpointValue]:
-        from kinfolk.lab.methods.real_atlas_compare.verdicts import forgetting, seed_comparison, source_drifts
+        from kinfolk.lab.methods.real_atlas_compare.verdicts import (
+            forgetting,
+            seed_comparison,
+            source_drifts,
+            test_gains,
+        )
 
         s, coef = self.settings, selection["output_kl_coef"]
         comparison = seed_comparison(record, coef, s.selection_fraction, s.levels)
@@ -170,18 +180,20 @@ class RealAtlasCompareDesign(SharedSeedExperiment):
             value = None if verdict.ratio is None else math.log(verdict.ratio)
             values[name] = EndpointValue(value, verdict.drift, verdict.baseline_drift, edge)
         level = next(level for level in comparison.analysis.levels if level.fraction == PRIMARY_FRACTION)
-        drifts, forgot = source_drifts(comparison, level), forgetting(comparison, level)
+        drifts = source_drifts(comparison, level)
+        changes = {"forgetting": forgetting(comparison, level), "test gain": test_gains(comparison, level)}
         for other in self.others:
             edge = selection["grid_edge"] and other == OUTPUT_KL
             for source in self.sources:
                 ours, theirs = drifts[METHOD][source], drifts[other][source]
                 value = None if not (ours and theirs) else math.log(ours / theirs)
                 values[ratio_name(PRIMARY_FRACTION, METHOD, other, source)] = EndpointValue(value, ours, theirs, edge)
-            ours, theirs = forgot[METHOD], forgot[other]
-            value = None if ours is None or theirs is None else ours - theirs
-            values[f"{percent(PRIMARY_FRACTION)}: atlas - {other}, forgetting"] = EndpointValue(
-                value, ours, theirs, edge
-            )
+            for name, found in changes.items():
+                ours, theirs = found[METHOD], found[other]
+                value = None if ours is None or theirs is None else ours - theirs
+                values[f"{percent(PRIMARY_FRACTION)}: atlas - {other}, {name}"] = EndpointValue(
+                    value, ours, theirs, edge
+                )
         for method, reached in comparison.analysis.reached.items():
             if method != BASELINE:
                 values[f"reach: {method}"] = EndpointValue(reached)

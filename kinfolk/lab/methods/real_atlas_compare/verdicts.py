@@ -79,6 +79,7 @@ class SeedComparison:
     analysis: Analysis
     verdicts: list[Verdict]  # compare's (each method against LoRA), then ATLAS against each other method
     nll: dict[str, dict[str, dict[int, float]]]  # chosen method -> source -> step -> test NLL
+    test_target: dict[str, dict[int, float]]  # chosen method -> step -> test target score
 
 
 def seed_comparison(
@@ -106,7 +107,10 @@ def seed_comparison(
     nll = {record["runs"][run.path]["method"]: {source: {int(step): value for step, value in steps.items()}
                                                 for source, steps in record["runs"][run.path]["test"]["nll"].items()}
            for run in chosen}  # fmt: skip
-    return SeedComparison(analysis, [*analysis.verdicts, *against], nll)
+    test_target = {record["runs"][run.path]["method"]: {int(step): target for step, target, _ in
+                                                        record["runs"][run.path]["test"]["drift"]}
+                   for run in chosen}  # fmt: skip
+    return SeedComparison(analysis, [*analysis.verdicts, *against], nll, test_target)
 
 
 def source_drifts(comparison: SeedComparison, level: GainLevel) -> dict[str, dict[str, float | None]]:
@@ -116,6 +120,23 @@ def source_drifts(comparison: SeedComparison, level: GainLevel) -> dict[str, dic
     for row in comparison.analysis.sources:
         drifts.setdefault(row.method, {})[row.source] = row.drifts[index]
     return drifts
+
+
+def test_gains(comparison: SeedComparison, level: GainLevel) -> dict[str, float | None]:
+    """Each chosen method's test target gain where it reaches `level` on validation: the test score there minus at
+    step 0, read between the same checkpoints as its drift (the match is found on validation, so test gains can part).
+
+    >>> record = {"seed": 0, "output_kl_coefs": [1.0], "runs": {
+    ...     "lora": run("lora", [(0, 0.0, 0.0), (4, 2.0, 0.04)]), "atlas": run("atlas", [(0, 0.0, 0.0), (4, 2.0, 0.02)]),
+    ...     "kl-1": run("lora_output_kl", [(0, 0.0, 0.0), (4, 2.0, 0.03)], 1.0)}}
+    >>> comparison = seed_comparison(record, 1.0, 0.5, [0.5])
+    >>> test_gains(comparison, comparison.analysis.levels[0])  # test equals validation here: half of 2 each
+    {'lora': 1.0, 'atlas': 1.0, 'lora_output_kl': 1.0}
+    """
+    from kinfolk.compare.forgetting import forgetting_at  # the same change from step 0 at the matched point
+
+    return {run.method: forgetting_at(run, level.value, comparison.test_target[run.method])
+            for run in comparison.analysis.chosen_runs()}  # fmt: skip
 
 
 def forgetting(comparison: SeedComparison, level: GainLevel) -> dict[str, float | None]:
