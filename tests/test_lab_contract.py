@@ -21,9 +21,9 @@ from kinfolk.lab.protocol.views import TEST_FIELDS
 NAMES = sorted(EXPERIMENTS)
 # Experiments whose runs are under way: a plan committed, its units' records committed as they finish, no results
 # yet. Their contract is checked on their first kept record once there is one, and in micro by their own test file.
-IN_PROGRESS: set[str] = {"real-atlas-compare", "real-atlas-compare-gemma"}
+IN_PROGRESS: set[str] = {"real-atlas-compare-gemma"}
 FINISHED = sorted(set(NAMES) - IN_PROGRESS)
-# (both are shared-seed experiments: `kept` reads a seed's record wherever its runs class keys it)
+# (a shared-seed experiment: `kept` reads a seed's record wherever its runs class keys it)
 WITH_A_RECORD = sorted(name for name in NAMES if name not in IN_PROGRESS or get_experiment(name)().kept(0) is not None)
 
 
