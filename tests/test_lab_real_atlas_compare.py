@@ -1,8 +1,8 @@
 """real-atlas version 2 (`real-atlas-compare`) in micro: a tiny Llama, two seeds through the protocol's runner, every
 run trained and measured by `kinfolk compare`'s code. The primaries' per-seed values are recomputed here by hand
 from the kept `drift.jsonl` files alone (the drift as the sources' geometric mean, the level, the first crossing on
-validation, the test drift interpolated there; PEFT's forgetting figure the same way from the retained NLL), and a
-second run of the seeds trains nothing."""
+validation, the test drift interpolated there; PEFT's forgetting figure and the test gain the same way from the
+retained NLL and the test target), and a second run of the seeds trains nothing."""
 
 import contextlib
 import dataclasses
@@ -86,6 +86,11 @@ def nll_curve(folder: Path, source: str) -> list[tuple[int, float, float]]:
     return [(step, row["target"], row[f"test/retained_nll/{source}"]) for step, row in sorted(rows(folder).items())]
 
 
+def test_target_curve(folder: Path) -> list[tuple[int, float, float]]:
+    """(step, validation target, test target)."""
+    return [(step, row["target"], row["test/target"]) for step, row in sorted(rows(folder).items())]
+
+
 def curve(folder: Path, split: str) -> list[tuple[int, float, float]]:
     """(step, validation target, drift on `split`): the drift the geometric mean of the three sources' KLs."""
     prefix = "" if split == "validation" else "test/"
@@ -139,32 +144,40 @@ def by_hand(settings, seed: int) -> dict[str, tuple[float | None, float | None]]
     level = start + PRIMARY_FRACTION * (best - start)
     test = {m: drift_at(curve(f, "validation"), curve(f, "test"), level) for m, f in folder.items()}
     forgot = {m: forgetting(f, level) for m, f in folder.items()}
+    gain = {m: change_at(curve(f, "validation"), test_target_curve(f), level) for m, f in folder.items()}
     return {
         other: (
             None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other]),
-            None if forgot["atlas"] is None or forgot[other] is None else forgot["atlas"] - forgot[other],
+            difference(forgot, other),
+            difference(gain, other),
         )
         for other in others
     }
 
 
+def difference(found: dict[str, float | None], other: str) -> float | None:
+    """ATLAS's value minus `other`'s (None when either is missing)."""
+    return None if found["atlas"] is None or found[other] is None else found["atlas"] - found[other]
+
+
+def change_at(validation, values, level: float) -> float | None:
+    """A logged value where the validation target first reaches `level` (read between the same checkpoints as the
+    drift) minus its step-0 value."""
+    at = drift_at(validation, values, level)
+    return None if at is None else at - values[0][2]
+
+
 def forgetting(folder: Path, level: float) -> float | None:
     """PEFT's forgetting figure by hand: per source, the test NLL where the validation target first reaches `level`
     (read between the same checkpoints as the drift) minus the step-0 NLL; the mean over the sources."""
-    found = []
-    for source in SOURCES:
-        nll = nll_curve(folder, source)
-        at = drift_at(curve(folder, "validation"), nll, level)
-        if at is None:
-            return None
-        found.append(at - nll[0][2])
-    return sum(found) / len(found)
+    found = [change_at(curve(folder, "validation"), nll_curve(folder, source), level) for source in SOURCES]
+    return None if None in found else sum(found) / len(found)
 
 
 @pytest.mark.parametrize("made", ["micro", "micro_second_model"])
 def test_the_primaries_recompute_by_hand_from_the_kept_drift_logs(made, request):
     settings, results = request.getfixturevalue(made)
-    names = ("50%: atlas vs {}, log drift ratio", "50%: atlas - {}, forgetting")
+    names = ("50%: atlas vs {}, log drift ratio", "50%: atlas - {}, forgetting", "50%: atlas - {}, test gain")
     for index, seed in enumerate(settings.seeds):
         for other, values in by_hand(settings, seed).items():
             for name, value in zip(names, values):
