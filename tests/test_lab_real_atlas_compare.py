@@ -86,7 +86,7 @@ def nll_curve(folder: Path, source: str) -> list[tuple[int, float, float]]:
     return [(step, row["target"], row[f"test/retained_nll/{source}"]) for step, row in sorted(rows(folder).items())]
 
 
-def test_target_curve(folder: Path) -> list[tuple[int, float, float]]:
+def target_curve_on_test(folder: Path) -> list[tuple[int, float, float]]:
     """(step, validation target, test target)."""
     return [(step, row["target"], row["test/target"]) for step, row in sorted(rows(folder).items())]
 
@@ -144,7 +144,7 @@ def by_hand(settings, seed: int) -> dict[str, tuple[float | None, float | None]]
     level = start + PRIMARY_FRACTION * (best - start)
     test = {m: drift_at(curve(f, "validation"), curve(f, "test"), level) for m, f in folder.items()}
     forgot = {m: forgetting(f, level) for m, f in folder.items()}
-    gain = {m: change_at(curve(f, "validation"), test_target_curve(f), level) for m, f in folder.items()}
+    gain = {m: change_at(curve(f, "validation"), target_curve_on_test(f), level) for m, f in folder.items()}
     return {
         other: (
             None if test["atlas"] is None or not test[other] else math.log(test["atlas"] / test[other]),
