@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinfolk.compare.analysis import Analysis, analyse
+from kinfolk.compare.forgetting import forgetting_at
 from kinfolk.compare.grid import RunKey
 from kinfolk.compare.selection import choose_rate
 from kinfolk.compare.verdicts import Verdict, verdicts
@@ -133,16 +134,13 @@ def test_gains(comparison: SeedComparison, level: GainLevel) -> dict[str, float 
     >>> test_gains(comparison, comparison.analysis.levels[0])  # test equals validation here: half of 2 each
     {'lora': 1.0, 'atlas': 1.0, 'lora_output_kl': 1.0}
     """
-    from kinfolk.compare.forgetting import forgetting_at  # the same change from step 0 at the matched point
-
+    # forgetting_at is the change from step 0 at the matched point, whatever the logged value: here the test target
     return {run.method: forgetting_at(run, level.value, comparison.test_target[run.method])
             for run in comparison.analysis.chosen_runs()}  # fmt: skip
 
 
 def forgetting(comparison: SeedComparison, level: GainLevel) -> dict[str, float | None]:
     """Each chosen method's forgetting at `level` (`kinfolk.compare.forgetting.forgetting_at`), mean over sources."""
-    from kinfolk.compare.forgetting import forgetting_at
-
     found = {}
     for run in comparison.analysis.chosen_runs():
         values = [forgetting_at(run, level.value, steps) for steps in comparison.nll[run.method].values()]
